@@ -199,17 +199,33 @@ def sink_gap(logits: Tensor, sink: int = 0, query_start: int = 1, competitor: st
     return gap[..., query_start:]
 
 
+def gap_changes(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tensor, spec: QKSpec,
+                gq: Tensor | None = None, gk: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+                sink: int = 0, query_start: int = 1, bq: Tensor | None = None, bk: Tensor | None = None,
+                competitors: tuple[str, ...] = COMPETITORS) -> dict[str, Tensor]:
+    """Exact signed change of the sink gap when W_Q -> W_Q + dwq, W_K -> W_K + dwk, for each competitor.
+
+    -> {competitor: [H, Tq]} plus "before": {competitor: [H, Tq]} (the unperturbed gaps).
+    Both gaps are computed from scratch by the forward path (no linearisation).
+    """
+    lg0 = qk_logits(x, wq, wk, spec, gq, gk, rope, bq, bk)
+    lg1 = qk_logits(x, wq + dwq, wk + dwk, spec, gq, gk, rope, bq, bk)
+    out: dict = {"before": {}}
+    for c in competitors:
+        g0 = sink_gap(lg0, sink, query_start, c)
+        out["before"][c] = g0
+        out[c] = sink_gap(lg1, sink, query_start, c) - g0
+    return out
+
+
 def gap_change(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tensor, spec: QKSpec,
                gq: Tensor | None = None, gk: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
                sink: int = 0, query_start: int = 1, competitor: str = "max",
                bq: Tensor | None = None, bk: Tensor | None = None) -> Tensor:
-    """Exact signed change of the sink gap when W_Q -> W_Q + dwq, W_K -> W_K + dwk. -> [H, Tq].
-
-    Both gaps are computed from scratch by the forward path (no linearisation).
-    """
-    before = sink_gap(qk_logits(x, wq, wk, spec, gq, gk, rope, bq, bk), sink, query_start, competitor)
-    after = sink_gap(qk_logits(x, wq + dwq, wk + dwk, spec, gq, gk, rope, bq, bk), sink, query_start, competitor)
-    return after - before
+    """Exact signed change of the sink gap when W_Q -> W_Q + dwq, W_K -> W_K + dwk. -> [H, Tq]."""
+    if competitor not in COMPETITORS:
+        raise ParameterError(f"competitor got {competitor!r}; allowed: {', '.join(COMPETITORS)}")
+    return gap_changes(x, wq, wk, dwq, dwk, spec, gq, gk, rope, sink, query_start, bq, bk, (competitor,))[competitor]
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,13 +244,28 @@ def normalised_change_bound(u_norm: Tensor, du_bound: Tensor, dim: int, eps: flo
     return torch.where(du_bound == 0, torch.zeros_like(out), torch.nan_to_num(out, nan=float("inf")))
 
 
+def spectral_norm(a: Tensor) -> Tensor:
+    """Largest singular value of a matrix or a batch of matrices. [..., m, n] -> [...].
+
+    Computed as sqrt(largest eigenvalue of the smaller Gram matrix): 2-5x faster than an SVD and,
+    in float64, within about 1e-15 relative of torch.linalg.matrix_norm(a, ord=2). Under autograd the
+    SVD route is used (eigvalsh's gradient is undefined at repeated eigenvalues, e.g. zero blocks).
+    """
+    if a.requires_grad:
+        return torch.linalg.matrix_norm(a, ord=2)
+    m, n = a.shape[-2:]
+    G = a @ a.transpose(-1, -2) if m <= n else a.transpose(-1, -2) @ a
+    return torch.linalg.eigvalsh(G)[..., -1].clamp_min(0).sqrt()
+
+
 def _block_norms(w: Tensor, n_heads: int, dh: int) -> Tensor:
     """Spectral norm of each head's [dh, d] block. w [n_heads*dh, d] -> [n_heads]."""
-    return torch.linalg.matrix_norm(w.view(n_heads, dh, -1), ord=2)
+    return spectral_norm(w.view(n_heads, dh, -1))
 
 
 def norm_and_change_bounds(x: Tensor, w: Tensor, dw: Tensor, n_heads: int, spec: QKSpec,
-                           g: Tensor | None = None, b: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                           g: Tensor | None = None, b: Tensor | None = None,
+                           w_block_norms: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per head and token: a bound n >= |q| and a bound delta >= |q' - q| (before RoPE). -> ([n_heads, T], [n_heads, T]).
 
     none : n = ||W_h|| |x| + |b_h|,  delta = ||dW_h|| |x|                    (grow with |x|)
@@ -243,7 +274,8 @@ def norm_and_change_bounds(x: Tensor, w: Tensor, dw: Tensor, n_heads: int, spec:
     layer: n = |g_h * N(u)_h|,        delta = ||g_h||_inf * min(sqrt(D)(b_h + |u_h| b/a(u)) / a_lo,
            normalised_change_bound(|u|, b, D, eps)), capped by n + ||g_h||_inf sqrt(D),
            with b_h = ||dW_h|| |x|, b = ||dW|| |x|.
-    ||.|| is the spectral norm (torch.linalg.matrix_norm(ord=2)); |.| the Euclidean norm.
+    ||.|| is the spectral norm (``spectral_norm``); |.| the Euclidean norm. ``w_block_norms`` [n_heads]
+    may carry the precomputed ||W_h|| (only "none" uses them) to save time in loops.
     """
     _check_inputs(x, w, n_heads, spec, "weight")
     _check_inputs(x, dw, n_heads, spec, "weight change")
@@ -254,7 +286,8 @@ def norm_and_change_bounds(x: Tensor, w: Tensor, dw: Tensor, n_heads: int, spec:
     u = x @ w.T + (b if b is not None else 0.0)             # [T, n_heads*dh]
     uh = u.view(T, n_heads, dh).transpose(0, 1)             # [n_heads, T, dh]
     if spec.norm == "none":
-        n = _block_norms(w, n_heads, dh)[:, None] * xn[None, :]
+        wn = _block_norms(w, n_heads, dh) if w_block_norms is None else w_block_norms.to(x.dtype)
+        n = wn[:, None] * xn[None, :]
         if b is not None:
             n = n + b.view(n_heads, dh).norm(dim=-1)[:, None]
         return n, beta_h
@@ -268,7 +301,7 @@ def norm_and_change_bounds(x: Tensor, w: Tensor, dw: Tensor, n_heads: int, spec:
     D = n_heads * dh
     nu = rms_normalize(u, spec.eps).view(T, n_heads, dh).transpose(0, 1)
     n = (gain[:, None, :] * nu).norm(dim=-1)
-    beta = torch.linalg.matrix_norm(dw, ord=2) * xn         # [T] >= |dW x|
+    beta = spectral_norm(dw) * xn         # [T] >= |dW x|
     un = u.norm(dim=-1)                                     # [T]
     c = D * spec.eps
     a = torch.sqrt(un ** 2 + c)
@@ -282,14 +315,16 @@ def norm_and_change_bounds(x: Tensor, w: Tensor, dw: Tensor, n_heads: int, spec:
 
 def logit_change_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tensor, spec: QKSpec,
                        gq: Tensor | None = None, gk: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
-                       bq: Tensor | None = None, bk: Tensor | None = None) -> Tensor:
+                       bq: Tensor | None = None, bk: Tensor | None = None,
+                       w_block_norms: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """B_ij >= |l'_ij - l_ij| for every head, query i and key j. -> [H, T, T].
 
     B_ij = scaling * r_i r_j * (dq_i m_j + n_i dk_j + dq_i dk_j), with (n, dq) the query bounds and
     (m, dk) the key bounds of ``norm_and_change_bounds`` and r the RoPE gain (1 for rotations).
     """
-    nq, dq = norm_and_change_bounds(x, wq, dwq, spec.n_heads, spec, gq, bq)
-    nk, dk = norm_and_change_bounds(x, wk, dwk, spec.n_kv_heads, spec, gk, bk)
+    wn = w_block_norms or (None, None)
+    nq, dq = norm_and_change_bounds(x, wq, dwq, spec.n_heads, spec, gq, bq, wn[0])
+    nk, dk = norm_and_change_bounds(x, wk, dwk, spec.n_kv_heads, spec, gk, bk, wn[1])
     nk, dk = nk.repeat_interleave(spec.groups, 0), dk.repeat_interleave(spec.groups, 0)
     B = dq[:, :, None] * nk[:, None, :] + nq[:, :, None] * dk[:, None, :] + dq[:, :, None] * dk[:, None, :]
     B = spec.scaling * B
@@ -302,9 +337,13 @@ def logit_change_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tens
 def gap_change_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tensor, spec: QKSpec,
                      gq: Tensor | None = None, gk: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
                      sink: int = 0, query_start: int = 1,
-                     bq: Tensor | None = None, bk: Tensor | None = None) -> Tensor:
-    """Theorem 1: |change of the sink gap| <= B_{i,sink} + max_{j<=i, j!=sink} B_ij, for both competitors. -> [H, Tq]."""
-    B = logit_change_bound(x, wq, wk, dwq, dwk, spec, gq, gk, rope, bq, bk)
+                     bq: Tensor | None = None, bk: Tensor | None = None,
+                     w_block_norms: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Theorem 1: |change of the sink gap| <= B_{i,sink} + max_{j<=i, j!=sink} B_ij, for both competitors. -> [H, Tq].
+
+    ``w_block_norms`` = (||W_Q,h|| [H], ||W_K,h|| [Hkv]) may be precomputed (see ``head_norms``).
+    """
+    B = logit_change_bound(x, wq, wk, dwq, dwk, spec, gq, gk, rope, bq, bk, w_block_norms)
     T = B.shape[-1]
     _check_positions(T, sink, query_start)
     vis = _visible(T, sink, B.device)
@@ -329,12 +368,16 @@ def first_order_gap_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: T
 # ---------------------------------------------------------------------------------------
 # instances: random directions, random layers, real layers
 
-def random_direction(w: Tensor, rel: float, generator: torch.Generator | None = None) -> Tensor:
-    """A Gaussian direction scaled so that ||dW||_2 = rel * ||W||_2 (spectral norms). w [m, d] -> [m, d]."""
+def random_direction(w: Tensor, rel: float, generator: torch.Generator | None = None, norm: str = "spectral") -> Tensor:
+    """A Gaussian direction dW with ||dW|| = rel * ||W||, in the spectral ("spectral") or Frobenius
+    ("fro") norm. w [m, d] -> [m, d]."""
     if not (rel >= 0 and math.isfinite(rel)):
         raise ParameterError(f"relative change got {rel!r}; allowed: a finite number >= 0")
+    if norm not in ("spectral", "fro"):
+        raise ParameterError(f"norm got {norm!r}; allowed: 'spectral', 'fro'")
     z = torch.randn(w.shape, generator=generator, dtype=w.dtype).to(w.device)
-    return z * (rel * torch.linalg.matrix_norm(w, ord=2) / torch.linalg.matrix_norm(z, ord=2))
+    f = spectral_norm if norm == "spectral" else torch.linalg.norm
+    return z * (rel * f(w) / f(z))
 
 
 def _logu(gen: torch.Generator, lo: float, hi: float) -> float:
@@ -383,7 +426,7 @@ def _direction(kind: str, w: Tensor, n_heads: int, dh: int, rel: float, gen: tor
         z[h * dh:(h + 1) * dh] = torch.randn(dh, w.shape[1], generator=gen, dtype=w.dtype)
     else:
         raise ParameterError(f"direction kind got {kind!r}; allowed: {', '.join(DIRECTION_KINDS)}")
-    return z * (rel * torch.linalg.matrix_norm(w, ord=2) / torch.linalg.matrix_norm(z, ord=2))
+    return z * (rel * spectral_norm(w) / spectral_norm(z))
 
 
 def random_instance(generator: torch.Generator, norm: str, scale: float, rel_change: float,
@@ -448,6 +491,42 @@ def random_instance(generator: torch.Generator, norm: str, scale: float, rel_cha
                               rel_change=rel_change, direction_q=kq, direction_k=kk))
 
 
+def planted_sink_layer(generator: torch.Generator, head_scales: Tensor, d: int = 64, head_dim: int = 16,
+                       T: int = 48, sink_strength: float = 3.0, planted: float = 2.0,
+                       dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    """A layer whose heads share one sink but differ in raw norm (the setting of Remark 1).
+
+    Tokens x_j = z_j / sqrt(d) + mu (a shared mean direction mu); the sink token adds
+    ``sink_strength`` * m (m orthogonal to mu). Every head's key map sends m towards its mean query
+    direction W_Q,h mu (weight ``planted``), so all heads attend to the sink. Head h's blocks of W_Q
+    and W_K are multiplied by head_scales[h]. head_scales [H] -> x [T, d], wq [H*dh, d], wk [H*dh, d]
+    (no GQA: Hkv = H).
+    """
+    g, H, dh = generator, head_scales.numel(), head_dim
+    mu = torch.randn(d, generator=g, dtype=dtype)
+    mu = mu / mu.norm()
+    m = torch.randn(d, generator=g, dtype=dtype)
+    m = m - (m @ mu) * mu
+    m = m / m.norm()
+    x = torch.randn(T, d, generator=g, dtype=dtype) / math.sqrt(d) + mu
+    x[0] = x[0] + sink_strength * m
+    wq = torch.randn(H, dh, d, generator=g, dtype=dtype) / math.sqrt(d)
+    wk = torch.randn(H, dh, d, generator=g, dtype=dtype) / math.sqrt(d)
+    qbar = wq @ mu                                            # [H, dh]
+    wk = wk + planted * (qbar / qbar.norm(dim=-1, keepdim=True))[:, :, None] * m[None, None, :]
+    s = head_scales.to(dtype)[:, None, None]
+    return x, (s * wq).reshape(H * dh, d), (s * wk).reshape(H * dh, d)
+
+
+def logit_range(logits: Tensor) -> Tensor:
+    """Largest minus smallest causally visible logit of each head. [..., T, T] -> [...]."""
+    T = logits.shape[-1]
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=logits.device))
+    hi = logits.masked_fill(~causal, float("-inf")).amax((-1, -2))
+    lo = logits.masked_fill(~causal, float("inf")).amin((-1, -2))
+    return hi - lo
+
+
 def check_instance(inst: Instance, sink: int = 0, query_start: int = 1) -> dict:
     """Actual |gap change| (both competitors) and the bound for one instance.
 
@@ -455,8 +534,8 @@ def check_instance(inst: Instance, sink: int = 0, query_start: int = 1) -> dict:
     both competitors of actual / bound (0 where the bound is 0 and so is the change).
     """
     kw = inst.kwargs()
-    a_max = gap_change(**kw, sink=sink, query_start=query_start, competitor="max").abs()
-    a_lse = gap_change(**kw, sink=sink, query_start=query_start, competitor="lse").abs()
+    ch = gap_changes(**kw, sink=sink, query_start=query_start)
+    a_max, a_lse = ch["max"].abs(), ch["lse"].abs()
     bnd = gap_change_bound(**kw, sink=sink, query_start=query_start)
     act = torch.maximum(a_max, a_lse)
     ratio = torch.where(bnd > 0, act / bnd, torch.where(act > 0, torch.full_like(act, float("inf")), torch.zeros_like(act)))
@@ -553,6 +632,42 @@ def _effective_gain(norm_mod: Any, width: int) -> tuple[Tensor, float]:
         raise AttentionError(f"{type(norm_mod).__name__} is not of the form g * v / sqrt(mean(v^2) + eps); "
                              "the bound does not cover it")
     return g, float(eps)
+
+
+def head_norms(wq: Tensor, wk: Tensor, spec: QKSpec) -> tuple[Tensor, Tensor]:
+    """Spectral norms of the head blocks: (||W_Q,h|| [H], ||W_K,h|| [Hkv]) (for ``w_block_norms``)."""
+    return _block_norms(wq, spec.n_heads, spec.head_dim), _block_norms(wk, spec.n_kv_heads, spec.head_dim)
+
+
+def layer_sensitivity(layer: LayerQK, rel_changes: list[float], n_directions: int, generator: torch.Generator,
+                      norm: str = "fro", sink: int = 0, query_start: int = 1) -> list[dict]:
+    """Random weight changes of controlled relative size on one real layer: actual gap change vs bound.
+
+    For each relative size and direction, dW_Q and dW_K are Gaussian with ||dW|| = rel * ||W|| (``norm``).
+    -> rows {layer, rel, direction, violations, ratio_max, ratio_median, change_median (|d gap_lse|,
+    median over heads and queries), change_max_median (|d gap_max|), bound_median, gap_lse_median,
+    flips_max (fraction of (head, query) whose max-gap changes sign), ratios (np.ndarray of all
+    actual/bound values, both competitors)}.
+    """
+    wn = head_norms(layer.wq, layer.wk, layer.spec)
+    rows = []
+    for rel in rel_changes:
+        for r in range(n_directions):
+            dwq = random_direction(layer.wq, rel, generator, norm)
+            dwk = random_direction(layer.wk, rel, generator, norm)
+            kw = layer.kwargs(dwq, dwk)
+            ch = gap_changes(**kw, sink=sink, query_start=query_start)
+            bnd = gap_change_bound(**kw, sink=sink, query_start=query_start, w_block_norms=wn)
+            ratios = torch.cat([(ch["max"].abs() / bnd).flatten(), (ch["lse"].abs() / bnd).flatten()])
+            g0 = ch["before"]["max"]
+            rows.append(dict(
+                layer=layer.layer, rel=rel, direction=r, violations=int((ratios > 1 + 1e-9).sum()),
+                ratio_max=float(ratios.max()), ratio_median=float(ratios.median()),
+                change_median=float(ch["lse"].abs().median()), change_max_median=float(ch["max"].abs().median()),
+                bound_median=float(bnd.median()), gap_lse_median=float(ch["before"]["lse"].median()),
+                flips_max=float((torch.sign(g0 + ch["max"]) != torch.sign(g0)).double().mean()),
+                ratios=ratios.numpy()))
+    return rows
 
 
 def capture_qk_inputs(model: Any, input_ids: Tensor, layers: list[int] | None = None,

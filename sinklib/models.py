@@ -260,6 +260,9 @@ def load_model(name: str, device: str = "auto", dtype: str | torch.dtype | None 
     if not isinstance(name, str) or not name.strip():
         raise ModelNotAvailable(f"parameter 'model' got {name!r}; allowed: {', '.join(MODELS)} or a hub id 'org/name'")
     dev, dt = resolve_device(device, dtype)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the "Loading weights" bars clutter executed notebooks
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if name in MODELS:

@@ -260,24 +260,26 @@ def batch_items(step: int, batch_size: int, seed: int = 0, tag: str = "lm", imag
     Deterministic in (seed, tag, step). Stage 2 of `train_vl` and `train_text_only` both use
     tag 'lm', so the two see the same items in the same order; stage 1 uses tag 'projector'.
     """
-    s = _stream_seed(seed, tag, step)
-    scenes = make_scenes(batch_size, seed=s, image_size=image_size)
-    items = make_items(scenes, seed=s, qtypes=qtypes)
-    if len(items) != batch_size:  # a qtypes subset without count/exists can skip scenes
-        raise ParameterError(f"parameter 'qtypes' {tuple(qtypes)} leaves some scenes without a question; "
-                             "include 'count' or 'exists'")
-    return items
+    return _draw_items(batch_size, _stream_seed(seed, tag, step), image_size, _check_qtypes(qtypes))
+
+
+def _draw_items(n: int, s: int, image_size: int, qtypes: tuple[str, ...]) -> list[QAItem]:
+    """n items, one per scene; scenes that allow none of `qtypes` are skipped and more are drawn."""
+    items: list[QAItem] = []
+    attempt = 0
+    while len(items) < n:
+        sub = s if attempt == 0 else _stream_seed(s, "more", attempt)
+        items.extend(make_items(make_scenes(n - len(items), seed=sub, image_size=image_size), seed=sub, qtypes=qtypes))
+        attempt += 1
+        if attempt > 1000:
+            raise ParameterError(f"parameter 'qtypes' {qtypes} allows almost no scene; include 'count' or 'exists'")
+    return items[:n]
 
 
 def eval_items(n: int, seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES) -> list[QAItem]:
     """`n` held-out items (tag 'eval': a seed stream that training never uses)."""
     n = check_int("n", n, 1)
-    s = _stream_seed(seed, "eval", 0)
-    items = make_items(make_scenes(n, seed=s, image_size=image_size), seed=s, qtypes=qtypes)
-    if len(items) != n:
-        raise ParameterError(f"parameter 'qtypes' {tuple(qtypes)} leaves some scenes without a question; "
-                             "include 'count' or 'exists'")
-    return items
+    return _draw_items(n, _stream_seed(seed, "eval", 0), _check_image_size(image_size), _check_qtypes(qtypes))
 
 
 def majority_baseline(train_items: Sequence[QAItem], test_items: Sequence[QAItem]) -> float:
@@ -683,7 +685,7 @@ def _run_stage(model, tokenizer, *, stage: str, tag: str, mode: str, steps: int,
         batch = build_batch(model, tokenizer, items, mode=mode, encoder=encoder, projector=projector)
         loss = answer_loss(model, batch)
         if not torch.isfinite(loss):
-            raise SinkbookError(f"{stage}: loss is {float(loss)} at step {i + 1}; lower the learning rate")
+            raise SinkbookError(f"{stage}: loss is {loss.item()} at step {i + 1}; lower the learning rate")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm))
@@ -691,9 +693,9 @@ def _run_stage(model, tokenizer, *, stage: str, tag: str, mode: str, steps: int,
         opt.step()
         sched.step()
         _add_budget(budget, batch)
-        history.append({"stage": stage, "step": step_offset + i + 1, "loss": float(loss), "grad_norm": gnorm,
+        history.append({"stage": stage, "step": step_offset + i + 1, "loss": loss.item(), "grad_norm": gnorm,
                         "lr": lrs[-1], "seconds": time.perf_counter() - ts})
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}")
         step = step_offset + i + 1
         if callback is not None and ((callback_every and step % callback_every == 0) or i == steps - 1):
             _call_callback(callback, step, model, stage, projector, encoder, callbacks)
@@ -860,17 +862,51 @@ def _as_items(scenes_or_items: Sequence, seed: int, qtypes) -> list[QAItem]:
     raise ParameterError("parameter 'scenes_or_items' must hold only Scene or only QAItem objects")
 
 
+def _prompt_length(tokenizer, item: QAItem, mode: str, n_visual: int) -> int:
+    sg = _segments(tokenizer, item, mode, n_visual, [])
+    return len(sg["prefix"]) + (sg["n_visual"] if sg["scene"] is None else len(sg["scene"])) + len(sg["prompt"])
+
+
+def _greedy_equal_length(model, tokenizer, chunk: list[QAItem], mode: str, encoder, projector,
+                         max_new_tokens: int, eos: int) -> list[list[int]]:
+    """Greedy decoding with the KV cache for prompts of equal length (so no padding at all)."""
+    b = build_batch(model, tokenizer, chunk, mode=mode, encoder=encoder, projector=projector,
+                    answers=[[] for _ in chunk])
+    if int(b.attention_mask.sum()) != b.attention_mask.numel():
+        raise AssertionError("internal: prompts of one greedy batch must have equal lengths")
+    dec, emb = _decoder(model), model.get_input_embeddings()
+    T = b.inputs_embeds.shape[1]
+    out = dec(inputs_embeds=b.inputs_embeds, position_ids=b.position_ids, use_cache=True)
+    gen: list[list[int]] = [[] for _ in chunk]
+    done = [False] * len(chunk)
+    for k in range(max_new_tokens):
+        nxt = _head(model, out.last_hidden_state[:, -1]).argmax(-1)  # [B]
+        for i, t in enumerate(nxt.tolist()):
+            if not done[i]:
+                if t == eos:
+                    done[i] = True
+                else:
+                    gen[i].append(int(t))
+        if all(done) or k == max_new_tokens - 1:
+            break
+        pos = torch.full((len(chunk), 1), T + k, dtype=torch.long, device=nxt.device)
+        out = dec(inputs_embeds=emb(nxt[:, None]), position_ids=pos, past_key_values=out.past_key_values,
+                  use_cache=True)
+    return gen
+
+
 @torch.no_grad()
 def vqa_predict(model: nn.Module, tokenizer, encoder: FrozenVisionEncoder | None, projector: Projector | None,
                 items: Sequence[QAItem], *, method: str = "greedy", batch_size: int = 32, max_new_tokens: int = 4,
-                progress: bool = False) -> list[str]:
-    """Predicted one-word answers.
+                raw: bool = False, progress: bool = False) -> list[str]:
+    """Predicted one-word answers (`raw=True`, greedy only: the whole decoded text instead).
 
-    'greedy': greedy decoding (up to `max_new_tokens`, stopping at eos), answer = first
-    alphanumeric word of the decoded text, lower-cased. 'options': the option of the question
-    type's closed answer set (`ANSWERS`) with the highest summed log-probability of its answer
-    tokens + eos (the tokens the training loss covers). encoder = projector = None: the scene is
-    given as text (the text-only control's input).
+    'greedy' (default): greedy decoding with the KV cache (items grouped by prompt length, so
+    no padding), up to `max_new_tokens` or eos; the answer is the first alphanumeric word of the
+    decoded text, lower-cased. 'options': the option of the question type's closed answer set
+    (`ANSWERS`) with the highest summed log-probability of its answer tokens + eos (the tokens
+    the training loss covers); costs one sequence per option. encoder = projector = None: the
+    scene is given as text (the text-only control's input).
     """
     from tqdm.auto import tqdm
 
@@ -878,47 +914,42 @@ def vqa_predict(model: nn.Module, tokenizer, encoder: FrozenVisionEncoder | None
     batch_size = check_int("batch_size", batch_size, 1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, 64)
     mode = _mode_of(encoder, projector)
+    if raw and method != "greedy":
+        raise ParameterError("parameter 'raw' is True but method is 'options'; raw text needs method='greedy'")
+    items = list(items)
     was = model.training
     model.eval()
     eos = _eos_id(tokenizer)
-    preds: list[str] = []
+    preds: list[str | None] = [None] * len(items)
     try:
-        for s in tqdm(range(0, len(items), batch_size), desc=f"VQA ({method})", disable=not progress):
-            chunk = list(items[s:s + batch_size])
-            if method == "options":
-                flat, opts = [], []
-                for it in chunk:
-                    opts.append(ANSWERS[it.qtype])
-                    flat.extend((it, o) for o in ANSWERS[it.qtype])
+        if method == "options":
+            for s in tqdm(range(0, len(items), batch_size), desc="VQA (options)", disable=not progress):
+                chunk = items[s:s + batch_size]
+                flat = [(it, o) for it in chunk for o in ANSWERS[it.qtype]]
                 b = build_batch(model, tokenizer, [f[0] for f in flat], mode=mode, encoder=encoder,
                                 projector=projector, answers=[f[1] for f in flat])
                 lp = torch.log_softmax(answer_logits(model, b), -1).gather(1, b.targets[:, None])[:, 0]
                 score = torch.zeros(len(flat), dtype=lp.dtype, device=lp.device).index_add_(0, b.example, lp)
                 k = 0
-                for o in opts:
-                    preds.append(o[int(score[k:k + len(o)].argmax())])
+                for j, it in enumerate(chunk):
+                    o = ANSWERS[it.qtype]
+                    preds[s + j] = o[int(score[k:k + len(o)].argmax())]
                     k += len(o)
-                continue
-            gen: list[list[int]] = [[] for _ in chunk]
-            done = [False] * len(chunk)
-            for _ in range(max_new_tokens):
-                b = build_batch(model, tokenizer, chunk, mode=mode, encoder=encoder, projector=projector,
-                                answers=[g for g in gen])
-                h = hidden_states(model, b)
-                last = b.lengths - 1
-                nxt = _head(model, h[torch.arange(len(chunk), device=h.device), last]).argmax(-1).tolist()
-                for i, t in enumerate(nxt):
-                    if not done[i]:
-                        if t == eos:
-                            done[i] = True
-                        else:
-                            gen[i].append(int(t))
-                if all(done):
-                    break
-            preds.extend(_first_word(tokenizer.decode(g)) for g in gen)
+        else:
+            n_vis = encoder.n_visual_tokens if mode == "vl" else 0
+            groups: dict[int, list[int]] = {}
+            for i, it in enumerate(items):
+                groups.setdefault(_prompt_length(tokenizer, it, mode, n_vis), []).append(i)
+            chunks = [idx[s:s + batch_size] for _, idx in sorted(groups.items()) for s in range(0, len(idx), batch_size)]
+            for idx in tqdm(chunks, desc="VQA (greedy)", disable=not progress):
+                gen = _greedy_equal_length(model, tokenizer, [items[i] for i in idx], mode, encoder, projector,
+                                           max_new_tokens, eos)
+                for i, g in zip(idx, gen):
+                    text = tokenizer.decode(g)
+                    preds[i] = text if raw else _first_word(text)
     finally:
         model.train(was)
-    return preds
+    return preds  # type: ignore[return-value]
 
 
 def vqa_accuracy(model: nn.Module, tokenizer, encoder: FrozenVisionEncoder | None, projector: Projector | None,

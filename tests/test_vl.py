@@ -163,15 +163,38 @@ def test_loss_covers_only_the_answer_tokens(mode):
         assert b.n_visual == 9 and torch.equal(b.inputs_embeds[:, 7:16], proj(enc.encode_scenes([i.scene for i in items])))
 
 
-def test_greedy_answers_do_not_depend_on_padding():
-    model = tiny(seed=3)
+def _naive_greedy(model, items, enc, proj, max_new_tokens):
+    """Reference: one item at a time, full forward pass (no cache) through the model's own LM head."""
+    out = []
+    for it in items:
+        gen = []
+        for _ in range(max_new_tokens):
+            b = vl.build_batch(model, TOK, [it], mode="vl" if enc is not None else "text", encoder=enc,
+                               projector=proj, answers=[list(gen)])
+            with torch.no_grad():
+                t = int(model(inputs_embeds=b.inputs_embeds, position_ids=b.position_ids).logits[0, -1].argmax())
+            if t == TOK.eos_token_id:
+                break
+            gen.append(t)
+        out.append(TOK.decode(gen))
+    return out
+
+
+@pytest.mark.parametrize("arch,text", [("llama", False), ("llama", True), ("gemma3", False), ("qwen3", False),
+                                       ("olmo2", False)])
+def test_cached_greedy_equals_naive_greedy(arch, text):
+    model = tiny_model(arch, seed=3).model
     enc = vl.make_encoder()
     proj = vl.make_projector(enc, model)
-    items = vl.eval_items(6, seed=1)
-    one = vl.vqa_predict(model, TOK, enc, proj, items, batch_size=1, max_new_tokens=3)
-    six = vl.vqa_predict(model, TOK, enc, proj, items, batch_size=6, max_new_tokens=3)
-    assert one == six
-    opts = vl.vqa_predict(model, TOK, None, None, items, method="options", batch_size=4)
+    if text:
+        enc = proj = None
+    items = vl.eval_items(10, seed=1)
+    fast = vl.vqa_predict(model, TOK, enc, proj, items, batch_size=4, max_new_tokens=3, raw=True)
+    assert fast == _naive_greedy(model, items, enc, proj, 3)
+    assert any(fast)  # tokens were generated (not eos straight away)
+    words = vl.vqa_predict(model, TOK, enc, proj, items, batch_size=4, max_new_tokens=3)
+    assert words == [vl._first_word(f) for f in fast]
+    opts = vl.vqa_predict(model, TOK, enc, proj, items, method="options", batch_size=4)
     assert all(p in vl.ANSWERS[it.qtype] for p, it in zip(opts, items))
 
 

@@ -1,0 +1,240 @@
+"""Tests of sinklib.bound: Theorem 1 (the sink-gap perturbation bound) and its machinery."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sinklib.bound import (
+    DIRECTION_KINDS, VARIANTS, Instance, QKSpec, capture_qk_inputs, check_instance, first_order_gap_bound,
+    gap_change, gap_change_bound, normalised_change_bound, qk_logits, random_instance, rms_normalize, rope_gain,
+    rope_tables, sink_gap, worst_direction,
+)
+from sinklib.errors import AttentionError, ParameterError
+
+D64 = torch.float64
+TOL = 1e-9  # relative slack for float64 rounding in "actual <= bound"
+
+
+def scalar_instance(a: float, b: float, eps_q: float, eps_k: float) -> Instance:
+    """d = dh = H = 1, W_Q = W_K = [[1]], inputs x_0 = a (sink), x_1 = b, scaling 1."""
+    x = torch.tensor([[a], [b]], dtype=D64)
+    w = torch.ones(1, 1, dtype=D64)
+    spec = QKSpec("none", 1, 1, 1, scaling=1.0)
+    return Instance(x, w, w.clone(), eps_q * w, eps_k * w, spec)
+
+
+# ---------------------------------------------------------------------------------------
+# hand-computed cases
+
+def test_sink_gap_hand_case():
+    # one head, T = 3; row i holds the logits of query i
+    lg = torch.tensor([[[0.0, 9.0, 9.0], [2.0, 1.0, 9.0], [3.0, 0.5, 1.0]]], dtype=D64)
+    g_max = sink_gap(lg, competitor="max")
+    assert torch.allclose(g_max, torch.tensor([[2.0 - 1.0, 3.0 - 1.0]], dtype=D64))
+    g_lse = sink_gap(lg, competitor="lse")
+    assert torch.allclose(g_lse, torch.tensor([[1.0, 3.0 - math.log(math.exp(0.5) + math.exp(1.0))]], dtype=D64))
+
+
+def test_lse_gap_is_log_odds_of_sink_mass():
+    torch.manual_seed(0)
+    lg = torch.randn(3, 7, 7, dtype=D64) * 3
+    causal = torch.tril(torch.ones(7, 7, dtype=torch.bool))
+    p = torch.softmax(lg.masked_fill(~causal, float("-inf")), -1)[..., 1:, 0]
+    assert torch.allclose(sink_gap(lg, competitor="lse"), torch.log(p / (1 - p)), atol=1e-12)
+
+
+def test_scalar_case_bound_value_and_attainment():
+    # l_10 = ab, l_11 = b^2; dW_Q = 0.1 W_Q: the gap ab - b^2 changes by 0.1 (ab - b^2)
+    inst = scalar_instance(3.0, 1.0, 0.1, 0.0)
+    assert gap_change(**inst.kwargs()).item() == pytest.approx(0.1 * (3 - 1))
+    assert gap_change_bound(**inst.kwargs()).item() == pytest.approx(0.1 * (3 + 1))   # eps |x_1|(|x_0| + |x_1|)
+    # with a = -3 the two logit changes have opposite signs and the bound is attained
+    inst = scalar_instance(-3.0, 1.0, 0.1, 0.0)
+    assert abs(gap_change(**inst.kwargs()).item()) == pytest.approx(0.4)
+    assert gap_change_bound(**inst.kwargs()).item() == pytest.approx(0.4)
+
+
+def test_second_order_term_is_needed():
+    # dW = 0.5 W on both sides: logits scale by 1.5^2, |gap change| = (2*0.5 + 0.5^2) * 4 = 5
+    inst = scalar_instance(-3.0, 1.0, 0.5, 0.5)
+    actual = abs(gap_change(**inst.kwargs()).item())
+    assert actual == pytest.approx(5.0)
+    assert gap_change_bound(**inst.kwargs()).item() == pytest.approx(5.0)            # attained
+    assert first_order_gap_bound(inst.x, inst.wq, inst.wk, inst.dwq, inst.dwk, inst.spec).item() == pytest.approx(4.0)
+
+
+def test_normalised_change_bound_hand_case():
+    # u = (1, 0), u' = (1, 0.1), eps = 0: |N(u') - N(u)| = sqrt(2) sqrt(2 - 2/sqrt(1.01))
+    u, u2 = torch.tensor([1.0, 0.0], dtype=D64), torch.tensor([1.0, 0.1], dtype=D64)
+    actual = (rms_normalize(u2, 0.0) - rms_normalize(u, 0.0)).norm().item()
+    assert actual == pytest.approx(math.sqrt(2) * math.sqrt(2 - 2 / math.sqrt(1.01)))
+    bnd = normalised_change_bound(torch.tensor(1.0, dtype=D64), torch.tensor(0.1, dtype=D64), 2, 0.0).item()
+    assert bnd == pytest.approx(math.sqrt(2) * 0.1 / math.sqrt(0.9))
+    assert actual <= bnd
+
+
+def test_per_head_norm_ignores_rescaling_but_none_does_not():
+    g = torch.Generator().manual_seed(3)
+    for norm in ("none", "head"):
+        inst = random_instance(g, norm, scale=5.0, rel_change=0.0, sizes=dict(eps=0.0, T=6, H=2, Hkv=1, dh=4, d=8))
+        rel = 0.05
+        kw = {**inst.kwargs(), "dwq": rel * inst.wq, "dwk": rel * inst.wk}
+        change = gap_change(**kw)
+        gap0 = sink_gap(qk_logits(inst.x, inst.wq, inst.wk, inst.spec, inst.gq, inst.gk, inst.rope))
+        if norm == "head":
+            assert change.abs().max().item() < 1e-12          # N(1.05 u) = N(u) exactly when eps = 0
+        else:
+            assert torch.allclose(change, ((1 + rel) ** 2 - 1) * gap0, rtol=1e-10, atol=1e-12)
+
+
+def test_rope_gain():
+    cos, sin = rope_tables(9, 8)
+    assert torch.allclose(rope_gain(cos, sin), torch.ones(9, dtype=D64))
+    assert torch.allclose(rope_gain(2 * cos, 2 * sin), 2 * torch.ones(9, dtype=D64))
+
+
+def test_scaling_of_the_bounds_with_input_magnitude():
+    """none: the bound is homogeneous of degree 2 in x; head/layer: nondecreasing in the scale but bounded."""
+    g = torch.Generator().manual_seed(11)
+    base = {n: random_instance(g, n, 1.0, 1e-2, sizes=dict(eps=1e-6)) for n in VARIANTS}
+    scales = [1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3]
+    for n, inst in base.items():
+        vals = [gap_change_bound(**{**inst.kwargs(), "x": s * inst.x}).max().item() for s in scales]
+        if n == "none":
+            for s, v in zip(scales, vals):
+                assert v == pytest.approx(vals[2] * s ** 2, rel=1e-9)
+        else:
+            assert all(b >= a * (1 - 1e-9) for a, b in zip(vals, vals[1:]))
+            assert vals[-1] == pytest.approx(vals[-2], rel=1e-3)   # saturated: no input-magnitude term left
+
+
+def test_layerwise_coupling_moves_a_head_whose_weights_did_not_move():
+    """Layerwise QK-norm couples heads: changing head 1 only moves head 0's gap (a per-head bound
+    for head 0 would be 0 and fail); the layerwise bound covers it."""
+    g = torch.Generator().manual_seed(5)
+    inst = random_instance(g, "layer", 1.0, 0.0, sizes=dict(H=2, Hkv=1, dh=4, d=8, T=8, eps=1e-6))
+    dwq = torch.zeros_like(inst.wq)
+    dwq[4:] = 0.3 * inst.wq[4:]                                  # head 1 grows by 30 %
+    kw = {**inst.kwargs(), "dwq": dwq, "dwk": torch.zeros_like(inst.wk)}
+    change = gap_change(**kw).abs()
+    assert change[0].max().item() > 1e-6
+    assert (change <= gap_change_bound(**kw) * (1 + TOL)).all()
+    per_head = QKSpec("head", 2, 1, 4, inst.spec.scaling, inst.spec.eps)
+    assert gap_change_bound(**{**kw, "spec": per_head, "gq": inst.gq.view(2, 4)[0], "gk": inst.gk})[0].max().item() == 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# property-based: the bound is never below the actual change
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), norm=st.sampled_from(VARIANTS),
+       log_scale=st.floats(-2, 3), log_rel=st.floats(-4, -1),
+       direction=st.sampled_from((None,) + DIRECTION_KINDS))
+def test_bound_holds_on_random_layers(seed, norm, log_scale, log_rel, direction):
+    inst = random_instance(torch.Generator().manual_seed(seed), norm, 10 ** log_scale, 10 ** log_rel, direction)
+    res = check_instance(inst)
+    assert res["ratio"] <= 1 + TOL, (inst.info, res["ratio"])
+
+
+finite = st.floats(-5, 5, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), norm=st.sampled_from(VARIANTS), T=st.integers(3, 5), d=st.integers(1, 4),
+       H=st.sampled_from([1, 2]), eps=st.sampled_from([1e-6, 1e-2, 1.0]), mag=st.floats(-2, 2))
+def test_bound_holds_on_adversarial_small_arrays(data, norm, T, d, H, eps, mag):
+    """Raw hypothesis arrays (zeros, repeated values, cancellations), not our generator's."""
+    dh = 2
+    arr = lambda r, c: torch.tensor(data.draw(st.lists(st.lists(finite, min_size=c, max_size=c), min_size=r, max_size=r)),
+                                    dtype=D64)  # noqa: E731
+    x = arr(T, d) * 10 ** mag
+    wq, wk, dwq, dwk = arr(H * dh, d), arr(dh, d), arr(H * dh, d) * 0.1, arr(dh, d) * 0.1
+    gq = gk = None
+    if norm != "none":
+        gq = arr(1, dh if norm == "head" else H * dh)[0]
+        gk = arr(1, dh)[0]
+    kw = dict(x=x, wq=wq, wk=wk, dwq=dwq, dwk=dwk, spec=QKSpec(norm, H, 1, dh, 0.7, eps), gq=gq, gk=gk)
+    bnd = gap_change_bound(**kw)
+    for comp in ("max", "lse"):
+        act = gap_change(**kw, competitor=comp).abs()
+        assert (act <= bnd * (1 + TOL) + 1e-12).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(u=st.lists(finite, min_size=3, max_size=3), du=st.lists(finite, min_size=3, max_size=3),
+       eps=st.sampled_from([0.0, 1e-6, 1e-2, 1.0]))
+def test_normalisation_lemma(u, du, eps):
+    u, du = torch.tensor(u, dtype=D64), torch.tensor(du, dtype=D64)
+    if eps == 0 and (u.norm() == 0 or (u + du).norm() == 0):
+        return  # N is undefined at 0 without eps
+    actual = (rms_normalize(u + du, eps) - rms_normalize(u, eps)).norm()
+    assert actual <= normalised_change_bound(u.norm(), du.norm(), 3, eps) * (1 + TOL) + 1e-15
+
+
+def test_adversary_does_not_break_the_bound():
+    g = torch.Generator().manual_seed(2)
+    for norm in VARIANTS:
+        inst = random_instance(g, norm, 3.0, 0.05, sizes=dict(T=5, H=2, d=6))
+        best, worst = worst_direction(inst, steps=30, lr=0.05)
+        assert 0 < best <= 1 + TOL
+        assert check_instance(worst)["ratio"] <= 1 + TOL
+        assert best >= check_instance(inst)["ratio"] - 1e-12   # the search never reports less than its start
+
+
+# ---------------------------------------------------------------------------------------
+# real architectures: the exact path equals Hugging Face's eager attention
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "olmo2"])
+def test_capture_matches_eager_attention(arch):
+    from sinklib.models import tiny_model
+    over = {"query_pre_attn_scalar": 64} if arch == "gemma3" else {}   # scaling != 1/sqrt(head_dim)
+    m = tiny_model(arch, seed=0, attn_implementation="eager", **over).model
+    with torch.no_grad():
+        for mod in m.modules():
+            for nm in ("q_norm", "k_norm"):
+                if hasattr(mod, nm):
+                    getattr(mod, nm).weight.normal_(0.3, 0.5)       # non-trivial gains (Gemma: 1 + w)
+    ids = torch.randint(3, 128, (1, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        att = m(input_ids=ids, output_attentions=True).attentions
+    layers = capture_qk_inputs(m, ids)
+    assert {L.spec.norm for L in layers} == {{"llama": "none", "qwen3": "head", "gemma3": "head", "olmo2": "layer"}[arch]}
+    if arch == "gemma3":
+        assert layers[0].spec.scaling == pytest.approx(64 ** -0.5)
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    for L in layers:
+        lg = qk_logits(L.x, L.wq, L.wk, L.spec, L.gq, L.gk, L.rope, L.bq, L.bk)
+        p = torch.softmax(lg.masked_fill(~causal, float("-inf")), -1)
+        assert torch.allclose(p, att[L.layer][0].double(), atol=2e-6)
+        assert L.residual.shape == L.x.shape
+
+
+def test_capture_refuses_prompt_longer_than_sliding_window():
+    from sinklib.models import tiny_model
+    m = tiny_model("gemma3", seed=0).model            # sliding window 4
+    with pytest.raises(ParameterError, match="sliding window"):
+        capture_qk_inputs(m, torch.randint(3, 128, (1, 6)))
+
+
+# ---------------------------------------------------------------------------------------
+# errors
+
+def test_clear_errors():
+    lg = torch.zeros(1, 4, 4, dtype=D64)
+    with pytest.raises(ParameterError, match="competitor"):
+        sink_gap(lg, competitor="mean")
+    with pytest.raises(ParameterError, match="query_start"):
+        sink_gap(lg, sink=1, query_start=1)
+    with pytest.raises(AttentionError, match="NaN"):
+        sink_gap(torch.full((1, 4, 4), float("nan")))
+    with pytest.raises(ParameterError, match="norm"):
+        QKSpec("rms", 2, 1, 4, 0.5)
+    with pytest.raises(ParameterError, match="multiple"):
+        QKSpec("none", 3, 2, 4, 0.5)
+    inst = scalar_instance(1.0, 2.0, 0.1, 0.1)
+    with pytest.raises(ParameterError, match="shape"):
+        gap_change_bound(**{**inst.kwargs(), "dwq": torch.zeros(2, 1, dtype=D64)})
