@@ -573,7 +573,11 @@ def worst_direction(inst: Instance, steps: int = 100, lr: float = 0.05, sink: in
             best_inst = Instance(**{**inst.__dict__, "dwq": dq.detach().clone(), "dwk": dk.detach().clone()})
         opt.zero_grad()
         (-ratio).backward()
+        for p in params:  # ties in max / degenerate singular values can give NaN gradients: skip those entries
+            p.grad = torch.nan_to_num(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
         opt.step()
+        if not all(bool(torch.isfinite(p).all()) and float(p.detach().abs().max()) > 0 for p in params):
+            break
     return best, best_inst
 
 

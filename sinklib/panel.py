@@ -27,7 +27,8 @@ Statistics (scipy / statsmodels do the work):
 * ``architecture_test``: does S add anything beyond the QK-norm type? Nested OLS models,
   a partial Spearman correlation with an exact within-architecture permutation p-value,
   and small-n caveats computed from the panel;
-* ``availability``: for every task, what can be computed and, if not, why.
+* ``availability``: for every task, what can be computed and, if not, why;
+* ``panel_summary``: all of the above as tables, for a panel of any size.
 """
 from __future__ import annotations
 
@@ -349,12 +350,13 @@ def rho_null(n: int, *, exact_max_n: int = 10, n_perm: int = 9999, seed: int = 0
 def pvalue_from_null(rho: float, null: np.ndarray, *, alternative: str = "greater", monte_carlo: bool = False) -> float:
     """p-value of an observed (e.g. reported) rho against a null distribution.
 
-    Same conventions as ``scipy.stats.permutation_test``: a relative tolerance for ties,
-    (k + 1) / (m + 1) for a Monte Carlo null, and 2 x the smaller tail for two-sided.
+    Same conventions as ``scipy.stats.permutation_test``: (k + 1) / (m + 1) for a Monte
+    Carlo null, and 2 x the smaller tail for two-sided. Values within 1e-9 of ``rho``
+    count as ties (so a rho printed or rounded to 9+ decimals still matches its null value).
     """
     _check_alternative(alternative)
     null = np.asarray(null, dtype=float)
-    tol = 1e-12 * max(1.0, abs(rho))
+    tol = 1e-9 * max(1.0, abs(rho))
     adj = 1 if monte_carlo else 0
     m = len(null)
     greater = (np.count_nonzero(null >= rho - tol) + adj) / (m + adj)
@@ -381,7 +383,7 @@ def fisher_ci(rho: float, n: int, *, level: float = 0.95, se: str = "bonett-wrig
         raise PanelError(f"confidence level must be in (0, 1), got {level}")
     if not -1 <= rho <= 1:
         raise PanelError(f"rho must be in [-1, 1], got {rho}")
-    if abs(rho) == 1:
+    if abs(rho) >= 1 - 1e-12:  # atanh is infinite (or float noise away from it)
         return (float("nan"), float("nan"))
     s = {"bonett-wright": math.sqrt((1 + rho * rho / 2) / (n - 3)),
          "fieller": math.sqrt(1.06 / (n - 3)),
@@ -815,24 +817,73 @@ def availability(df: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+def panel_summary(
+    df: pd.DataFrame, tasks: Sequence[str] | None = None, *, seed: int = 0, **spearman_kwargs: Any
+) -> dict[str, pd.DataFrame]:
+    """Every statistic of this module on one panel, as tables; never raises for a small panel.
+
+    Keys: ``availability``, ``rho`` (``per_task``), ``lopo`` (task, n, mae_model,
+    mae_constant, note), ``architecture`` (task, n, F/LR/partial-rho p-values, ...,
+    note), ``caveats`` (task, caveat). A statistic that cannot be computed has NaNs and a
+    note saying why. ``spearman_kwargs`` go to ``spearman`` (n_boot, n_perm, ...).
+    """
+    tasks = list(tasks) if tasks is not None else task_columns(df)
+    lo_rows, ar_rows, cav_rows = [], [], []
+    for t in tasks:
+        n = len(usable(df, t))
+        try:
+            r = lopo(df, t)
+            lo_rows.append({"task": t, "n": n, "mae_model": r.mae_model, "mae_constant": r.mae_constant, "note": ""})
+        except PanelError as e:
+            lo_rows.append({"task": t, "n": n, "mae_model": np.nan, "mae_constant": np.nan, "note": str(e)})
+        try:
+            a = architecture_test(df, t, seed=seed)
+            ar_rows.append({"task": t, "n": n, "groups": ", ".join(f"{g}: {c}" for g, c in a.group_sizes.items()),
+                            "r2_arch": a.r2_architecture, "r2_arch_plus_S": a.r2_full,
+                            "r2_S_on_arch": a.r2_S_on_architecture, "df_resid": a.df_resid_full,
+                            "F_p": a.f_pvalue, "LR_p": a.lr_pvalue, "partial_rho": a.partial_rho,
+                            "partial_p": a.partial_p, "min_attainable_p": a.min_attainable_p, "note": ""})
+            cav_rows.extend({"task": t, "caveat": c} for c in a.caveats)
+        except PanelError as e:
+            ar_rows.append({"task": t, "n": n, "note": str(e)})
+    return {
+        "availability": availability(df, tasks),
+        "rho": per_task(df, tasks, seed=seed, **spearman_kwargs),
+        "lopo": pd.DataFrame(lo_rows, columns=["task", "n", "mae_model", "mae_constant", "note"]),
+        "architecture": pd.DataFrame(ar_rows, columns=[
+            "task", "n", "groups", "r2_arch", "r2_arch_plus_S", "r2_S_on_arch", "df_resid", "F_p", "LR_p",
+            "partial_rho", "partial_p", "min_attainable_p", "note"]),
+        "caveats": pd.DataFrame(cav_rows, columns=["task", "caveat"]),
+    }
+
+
 # --------------------------------------------------------------------------- figure
 
 
-def scatter_panel(df: pd.DataFrame, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 3):
+def scatter_panel(df: pd.DataFrame, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 3,
+                  axes: Sequence[Any] | None = None):
     """One scatter per task: S (x) against the change in points (y), labelled by pair, coloured by qk_norm.
 
-    Returns the matplotlib Figure. Tasks with no pair holding both values are skipped;
-    each panel's title gives Spearman rho when at least 3 pairs are available.
+    Returns the matplotlib Figure (a new one, or the one holding ``axes``: one Axes per
+    plotted task). Tasks with no pair holding both values are skipped; each panel's title
+    gives Spearman rho when at least 3 pairs are available.
     """
     import matplotlib.pyplot as plt
 
     tasks = [t for t in (list(tasks) if tasks is not None else task_columns(df)) if len(usable(df, t))]
     if not tasks:
         raise PanelError("nothing to plot: no task has a pair with both S and the change")
-    ncols = max(1, min(ncols, len(tasks)))
-    nrows = math.ceil(len(tasks) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
-    for ax, t in zip(axes.flat, tasks):
+    if axes is None:
+        ncols = max(1, min(ncols, len(tasks)))
+        nrows = math.ceil(len(tasks) / ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
+        ax_list = list(grid.flat)
+    else:
+        ax_list = list(axes)
+        if len(ax_list) < len(tasks):
+            raise PanelError(f"scatter_panel got {len(ax_list)} axes for {len(tasks)} tasks {tasks}")
+        fig = ax_list[0].figure
+    for ax, t in zip(ax_list, tasks):
         d = usable(df, t)
         for g in QK_NORM_TYPES:
             s = d[d["qk_norm"] == g]
@@ -850,7 +901,7 @@ def scatter_panel(df: pd.DataFrame, tasks: Sequence[str] | None = None, *, title
         ax.set_xlabel("Sink Strength S (log-odds)")
         ax.set_ylabel("change after VL adaptation (points)")
         ax.legend(title="QK-norm", fontsize=8, title_fontsize=8)
-    for ax in list(axes.flat)[len(tasks):]:
+    for ax in ax_list[len(tasks):]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title)
@@ -864,5 +915,6 @@ __all__ = [
     "rho_from_d2", "d2_from_rho", "PermutationResult", "spearman_permutation", "rho_null",
     "pvalue_from_null", "fisher_ci", "bootstrap_ci", "SpearmanResult", "spearman",
     "tie_configurations", "simulate_rho", "LopoResult", "lopo", "constant_lopo_mae", "per_task",
-    "partial_spearman", "ArchitectureResult", "architecture_test", "availability", "scatter_panel",
+    "partial_spearman", "ArchitectureResult", "architecture_test", "availability", "panel_summary",
+    "scatter_panel",
 ]

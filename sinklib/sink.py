@@ -258,6 +258,11 @@ def eager_sink_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 # batching, sink detection, recording
 
 
+def _trunk(model):
+    """The transformer without its LM head (sink statistics never need vocabulary logits)."""
+    return getattr(model, "base_model", model)
+
+
 def n_layers(model) -> int:
     return int(model.config.get_text_config().num_hidden_layers)
 
@@ -337,7 +342,7 @@ def find_sink(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sink
     qw = _query_valid(attention_mask, first, query_start).float()
     with torch.no_grad(), sink_probe(model, first, layers=layers, query_weight=qw, record_columns=True,
                                      method="chunked") as rec:
-        model(input_ids=input_ids, attention_mask=attention_mask)
+        _trunk(model)(input_ids=input_ids, attention_mask=attention_mask)
     if not rec.col_mass:
         raise AttentionError("sink='argmax' needs the probe, but this model's attention does not go through "
                              "transformers' attention registry; use sink='first'")
@@ -363,7 +368,7 @@ def record_sink(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     sink_index = sink if isinstance(sink, torch.Tensor) else find_sink(model, input_ids, attention_mask, sink,
                                                                         layers, query_start)
     with torch.no_grad(), sink_probe(model, sink_index, layers=layers, method=method) as rec:
-        model(input_ids=input_ids, attention_mask=attention_mask)
+        _trunk(model)(input_ids=input_ids, attention_mask=attention_mask)
     if set(rec.p_sink) >= set(layers):
         p = torch.stack([rec.p_sink[l] for l in layers], dim=1)
     else:
@@ -495,7 +500,10 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
 
 def plain_forward(lm, prompts: Sequence[str], *, tokenizer=None, max_tokens: int = 128, batch_size: int = 8,
                   padding_side: str = "right") -> float:
-    """Seconds for plain SDPA forward passes over the same batches sink_strength uses (the baseline)."""
+    """Seconds for plain SDPA forward passes over the same batches sink_strength uses (the baseline).
+
+    Both this and the probe run the transformer trunk without the LM head.
+    """
     model, tok = _unpack(lm, tokenizer)
     seqs = encode_prompts(tok, prompts, max_tokens=max_tokens)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -505,7 +513,7 @@ def plain_forward(lm, prompts: Sequence[str], *, tokenizer=None, max_tokens: int
     with torch.no_grad():
         for b0 in range(0, len(order), batch_size):
             ids, att = pad_batch([seqs[i] for i in order[b0:b0 + batch_size]], pad_id, padding_side)
-            model(input_ids=ids.to(dev), attention_mask=att.to(dev))
+            _trunk(model)(input_ids=ids.to(dev), attention_mask=att.to(dev))
     return time.perf_counter() - t0
 
 

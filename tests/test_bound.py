@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from sinklib.bound import (
     DIRECTION_KINDS, VARIANTS, Instance, QKSpec, capture_qk_inputs, check_instance, first_order_gap_bound,
-    gap_change, gap_change_bound, normalised_change_bound, qk_logits, random_instance, rms_normalize, rope_gain,
-    rope_tables, sink_gap, worst_direction,
+    gap_change, gap_change_bound, gap_changes, head_norms, layer_sensitivity, logit_range, normalised_change_bound,
+    planted_sink_layer, project, qk_logits, random_direction, random_instance, rms_normalize, rope_gain, rope_tables,
+    sink_gap, spectral_norm, worst_direction,
 )
 from sinklib.errors import AttentionError, ParameterError
 
@@ -125,6 +126,55 @@ def test_layerwise_coupling_moves_a_head_whose_weights_did_not_move():
     assert (change <= gap_change_bound(**kw) * (1 + TOL)).all()
     per_head = QKSpec("head", 2, 1, 4, inst.spec.scaling, inst.spec.eps)
     assert gap_change_bound(**{**kw, "spec": per_head, "gq": inst.gq.view(2, 4)[0], "gk": inst.gk})[0].max().item() == 0.0
+
+
+def test_spectral_norm_and_random_direction():
+    g = torch.Generator().manual_seed(0)
+    for shape in [(7, 3), (3, 7), (4, 5, 9)]:
+        a = torch.randn(*shape, generator=g, dtype=D64)
+        assert torch.allclose(spectral_norm(a), torch.linalg.matrix_norm(a, ord=2), rtol=1e-12)
+    w = torch.randn(12, 8, generator=g, dtype=D64)
+    assert spectral_norm(random_direction(w, 0.03, g)).item() == pytest.approx(0.03 * spectral_norm(w).item(), rel=1e-12)
+    assert torch.linalg.norm(random_direction(w, 0.03, g, "fro")).item() == pytest.approx(0.03 * torch.linalg.norm(w).item())
+    with pytest.raises(ParameterError):
+        random_direction(w, -1.0)
+
+
+def test_logit_range_hand_case():
+    lg = torch.tensor([[[1.0, 50.0, 50.0], [-2.0, 3.0, -50.0], [0.0, 0.5, 4.0]]], dtype=D64)
+    assert logit_range(lg).tolist() == [6.0]      # causal entries only: max 4, min -2
+
+
+def test_planted_sink_layer_is_a_sink_and_layerwise_compresses_weak_heads():
+    scales = torch.tensor([0.03, 0.1, 0.3, 1.0], dtype=D64)
+    x, wq, wk = planted_sink_layer(torch.Generator().manual_seed(0), scales, d=32, head_dim=8, T=24)
+    specs = {v: QKSpec(v, 4, 4, 8, 8 ** -0.5, 1e-6) for v in VARIANTS}
+    # every head attends to the sink more than to the median key (per-head normalisation, gains 1)
+    assert (sink_gap(qk_logits(x, wq, wk, specs["head"]), competitor="max").median(-1).values > 0).all()
+    qn_layer = project(x, wq, 4, specs["layer"]).norm(dim=-1).median(-1).values
+    qn_head = project(x, wq, 4, specs["head"]).norm(dim=-1).median(-1).values
+    assert torch.allclose(qn_head, torch.full((4,), math.sqrt(8), dtype=D64), rtol=1e-4)
+    assert (qn_layer.diff() > 0).all() and qn_layer[0] < 0.1 * qn_head[0]       # weak heads compressed
+    rng = logit_range(qk_logits(x, wq, wk, specs["layer"]))
+    assert (rng.diff() > 0).all()
+
+
+def test_layer_sensitivity_on_a_tiny_model():
+    from sinklib.models import tiny_model
+    m = tiny_model("qwen3", seed=1).model
+    L = capture_qk_inputs(m, torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1)), layers=[2])[0]
+    rows = layer_sensitivity(L, [1e-3, 1e-1], 2, torch.Generator().manual_seed(0))
+    assert len(rows) == 4 and all(r["violations"] == 0 and 0 < r["ratio_max"] <= 1 for r in rows)
+    assert rows[-1]["change_median"] > rows[0]["change_median"]                  # bigger change, bigger effect
+    wn = head_norms(L.wq, L.wk, L.spec)
+    assert wn[0].shape == (4,) and wn[1].shape == (2,)
+
+
+def test_gap_changes_matches_gap_change():
+    inst = random_instance(torch.Generator().manual_seed(4), "layer", 2.0, 0.05)
+    both = gap_changes(**inst.kwargs())
+    for c in ("max", "lse"):
+        assert torch.equal(both[c], gap_change(**inst.kwargs(), competitor=c))
 
 
 # ---------------------------------------------------------------------------------------

@@ -214,6 +214,17 @@ def test_per_task_never_raises_on_small_n():
     assert "have 1" in a.loc["delta_math", "spearman"]
 
 
+def test_panel_summary_on_a_two_pair_panel_explains_instead_of_raising():
+    out = P.panel_summary(P.validate_panel(make_panel().iloc[:2]), n_boot=50)
+    assert set(out) == {"availability", "rho", "lopo", "architecture", "caveats"}
+    assert out["lopo"]["mae_model"].isna().all() and "got 2" in out["lopo"]["note"][0]
+    assert "got 2" in out["architecture"]["note"][0] and out["caveats"].empty
+    full = P.panel_summary(P.validate_panel(make_panel()), n_boot=50)
+    ifeval = full["lopo"].set_index("task").loc["delta_ifeval"]
+    assert ifeval["mae_constant"] == pytest.approx(P.constant_lopo_mae(make_panel()["delta_ifeval"]))
+    assert len(full["caveats"]) >= 3
+
+
 # --------------------------------------------------------------------------- architecture
 
 

@@ -1,0 +1,26 @@
+# sinkbook: the two commands of the README.
+#   make book   set up .venv, execute every notebook (profile=full) on the embedded models, build _build/html
+#   make test   set up .venv, run the tests (unit, notebooks on the quick profile, book build, freshness)
+PROFILE ?= full
+PY := .venv/bin/python
+
+.PHONY: setup book notebooks html test test-fast clean
+setup:
+	bash scripts/setup.sh
+
+notebooks: setup
+	$(PY) -m sinklib.book run --profile $(PROFILE)
+
+html: setup
+	.venv/bin/jupyter-book build . -W -n --keep-going
+
+book: notebooks html
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -ra -m "not slow"
+
+clean:
+	rm -rf _build

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up sinkbook in a local virtual environment (.venv) on a fresh machine. Idempotent.
+# - no GPU: installs the CPU build torch==2.13.0 (an open range could pull a multi-GB CUDA build)
+# - Colab (or any machine whose python already has torch with CUDA): keeps that torch, no venv
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -n "${COLAB_RELEASE_TAG:-}" ] || python3 -c "import google.colab" 2>/dev/null; then
+  PY=python3                                   # Colab: its own python and CUDA torch
+else
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  PY=.venv/bin/python
+fi
+stamp=.venv/.sinkbook-setup
+want=$(cat requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$PY" != python3 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "setup: .venv is up to date"; exit 0
+fi
+$PY -m pip install -q --upgrade pip
+if ! $PY -c "import torch" 2>/dev/null; then
+  # Pinned, never an open range. Where the package index serves a CPU build (as on this project's
+  # CI machines) this is the CPU wheel; on a GPU-less laptop set
+  # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu to avoid a multi-GB CUDA download.
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    $PY -m pip install -q "torch==2.13.0" --index-url "$TORCH_INDEX_URL"
+  else
+    $PY -m pip install -q "torch==2.13.0"
+  fi
+fi
+$PY -m pip install -q -r requirements.txt
+$PY -m pip install -q --no-deps -r requirements-nodeps.txt
+$PY -m pip install -q --no-deps -e .
+$PY -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
+[ "$PY" = python3 ] || echo "$want" > "$stamp"
+echo "setup: done ($($PY -c 'import torch; print("torch", torch.__version__)'))"

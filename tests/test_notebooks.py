@@ -1,0 +1,106 @@
+"""Notebook hygiene, freshness of the executed copies, quick-profile runs, and the book build."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sinklib import book
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NAMES = [p.stem for p in SOURCES]
+
+
+def _code(nb):
+    return [c.source.strip() for c in nb.cells if c.cell_type == "code"
+            and "injected-parameters" not in c.metadata.get("tags", [])]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=NAMES)
+def test_source_has_no_outputs_and_one_parameters_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert not c.outputs and not c.execution_count, f"{path.name}: strip outputs"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters'"
+    assert "remove-cell" in tagged[0].metadata["tags"]
+    assert "profile" in tagged[0].source, "every notebook takes the `profile` parameter"
+    first_code = next(c for c in nb.cells if c.cell_type == "code")
+    assert "google.colab" in first_code.source, "first code cell installs sinklib on Colab only"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=NAMES)
+def test_executed_copy_is_fresh(path):
+    executed = ROOT / "book" / "chapters" / path.name
+    assert executed.exists(), f"run `python -m sinklib.book run --profile full --only {path.stem[:2]}`"
+    src, ex = nbformat.read(path, as_version=4), nbformat.read(executed, as_version=4)
+    assert _code(src) == _code(ex), f"{executed} is stale: re-execute {path.name}"
+    errors = [o for c in ex.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"{executed} contains errors"
+    injected = [c for c in ex.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert all("remove-cell" in c.metadata["tags"] for c in injected)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=NAMES)
+def test_profiles_name_only_known_parameters(path):
+    nb = nbformat.read(path, as_version=4)
+    src = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", [])).source
+    names = {line.split("=")[0].strip() for line in src.splitlines() if "=" in line and not line.startswith("#")}
+    for prof in book.PROFILE_NAMES:
+        unknown = set(book.load_profile(path.stem, prof)) - names
+        assert not unknown, f"data/profiles/{path.stem}.yml[{prof}] sets unknown parameters {unknown}"
+
+
+def test_toc_lists_every_chapter():
+    toc = (ROOT / "_toc.yml").read_text()
+    for n in NAMES:
+        assert f"book/chapters/{n}" in toc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_quick_profile(name, results_tmp, tmp_path_factory):
+    """Each notebook executes end to end with the quick profile (in chapter order: later ones read earlier results)."""
+    out = tmp_path_factory.mktemp("chapters")
+    times = book.run("quick", only=[name], out=out)
+    assert (out / f"{name}.ipynb").exists()
+    doc = json.loads((results_tmp / f"{name}.json").read_text())
+    assert doc["provenance"]["profile"] == "quick" and doc["results"]
+
+
+def test_wrong_parameter_type_is_a_clear_error(tmp_path, results_tmp):
+    """A parameter of the wrong type from papermill stops at the check with the parameter's name."""
+    import papermill as pm
+
+    src = ROOT / "notebooks" / "01_sink_definition.ipynb"
+    with pytest.raises(pm.PapermillExecutionError, match="n_prompts"):
+        pm.execute_notebook(str(src), str(tmp_path / "bad.ipynb"), parameters={"n_prompts": "many"},
+                            kernel_name="python3", language="python", progress_bar=False)
+
+
+def test_unknown_profile_is_rejected():
+    from sinklib.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="profile"):
+        book.load_profile(NAMES[0], "fast")
+
+
+@pytest.mark.slow
+def test_book_builds_without_warnings(tmp_path):
+    """jupyter-book build with warnings as errors, on the committed executed copies."""
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "book", tmp_path / "book")
+    jb = Path(sys.executable).parent / "jupyter-book"
+    r = subprocess.run([str(jb), "build", str(tmp_path), "-W", "-n", "--keep-going"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert (tmp_path / "_build" / "html" / "index.html").exists()
+    for n in NAMES:
+        assert (tmp_path / "_build" / "html" / "book" / "chapters" / f"{n}.html").exists()
