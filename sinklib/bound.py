@@ -354,7 +354,7 @@ def gap_change_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tensor
 def first_order_gap_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: Tensor, spec: QKSpec,
                           sink: int = 0, query_start: int = 1) -> Tensor:
     """The bound WITHOUT its second-order term (norm "none" only): a deliberately wrong bound for
-    the "Breaking the bound" section. -> [H, Tq]."""
+    the "Breaking the bound" section (RoPE, if any, must be a pure rotation). -> [H, Tq]."""
     if spec.norm != "none":
         raise ParameterError("first_order_gap_bound is defined for norm='none' only")
     nq, dq = norm_and_change_bounds(x, wq, dwq, spec.n_heads, spec)

@@ -444,7 +444,7 @@ def check_sink_params(model, last_k_layers: int, query_start: int, aggregate: st
 def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, input_ids: Sequence[Sequence[int]] | None = None,
                   last_k_layers: int = 10, query_start: int = 1, aggregate: str = "mass_then_logodds",
                   sink: str = "first", max_tokens: int = 128, batch_size: int = 8, all_layers: bool = False,
-                  padding_side: str = "right", method: str = "auto") -> SinkResult:
+                  padding_side: str = "right", method: str = "auto", short: str = "error") -> SinkResult:
     """Sink Strength S of a model over calibration prompts (or pre-tokenised input_ids).
 
     last_k_layers (K): S is the median over the heads of the last K layers.
@@ -455,6 +455,8 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
     sink: 'first' (first real token), 'bos' (first BOS token) or 'argmax' (heaviest key column).
     max_tokens: prompts are truncated to this many tokens.
     all_layers: record every layer (for maps); otherwise only the last K (faster).
+    short: 'error' (a prompt with fewer than query_start + 2 tokens raises) or 'skip' (such prompts
+        are dropped; `n_prompts` of the result says how many were used).
     """
     t0 = time.perf_counter()
     model, tok = _unpack(lm, tokenizer)
@@ -466,11 +468,17 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
             raise ParameterError("sink_strength needs prompts and a tokenizer, or input_ids")
         if prompts is None:
             raise ParameterError("parameter 'prompts' is missing; pass a list of strings (sinklib.data.load_prompts)")
-        seqs = encode_prompts(tok, prompts, max_tokens=max_tokens, min_tokens=query_start + 2)
+        check_choice("short", short, ("error", "skip"))
+        seqs = encode_prompts(tok, prompts, max_tokens=max_tokens, min_tokens=2 if short == "skip" else query_start + 2)
     else:
         seqs = [list(map(int, s))[:max_tokens] for s in input_ids]
-        if not seqs or min(len(s) for s in seqs) < query_start + 2:
-            raise ParameterError(f"every input needs at least query_start + 2 = {query_start + 2} tokens")
+        if not seqs or (short == "error" and min(len(s) for s in seqs) < query_start + 2):
+            raise ParameterError(f"every input needs at least query_start + 2 = {query_start + 2} tokens "
+                                 "(or pass short='skip')")
+    if short == "skip":
+        seqs = [s for s in seqs if len(s) >= query_start + 2]
+        if not seqs:
+            raise ParameterError(f"no prompt has query_start + 2 = {query_start + 2} tokens; lower query_start")
     pad_id = (getattr(tok, "pad_token_id", None) if tok is not None else None)
     pad_id = 0 if pad_id is None else pad_id
     layers = list(range(L)) if all_layers else list(range(L - last_k_layers, L))

@@ -147,13 +147,19 @@ def test_logit_range_hand_case():
 
 def test_planted_sink_layer_is_a_sink_and_layerwise_compresses_weak_heads():
     scales = torch.tensor([0.03, 0.1, 0.3, 1.0], dtype=D64)
-    x, wq, wk = planted_sink_layer(torch.Generator().manual_seed(0), scales, d=32, head_dim=8, T=24)
     specs = {v: QKSpec(v, 4, 4, 8, 8 ** -0.5, 1e-6) for v in VARIANTS}
-    # every head attends to the sink more than to the median key (per-head normalisation, gains 1)
-    assert (sink_gap(qk_logits(x, wq, wk, specs["head"]), competitor="max").median(-1).values > 0).all()
+    log_i = torch.log(torch.arange(1, 24, dtype=D64))   # a uniform key's log-odds is -log(i) for query i
+    for seed in range(3):
+        x, wq, wk = planted_sink_layer(torch.Generator().manual_seed(seed), scales, d=32, head_dim=8, T=24)
+        # per-head normalisation: every head gives the sink clearly more than a uniform share
+        excess_head = (sink_gap(qk_logits(x, wq, wk, specs["head"]), competitor="lse") + log_i).mean(-1)
+        assert (excess_head > 0.5).all()
+        # layerwise: the weakest head's sink is almost gone, the strongest keeps it
+        excess_layer = (sink_gap(qk_logits(x, wq, wk, specs["layer"]), competitor="lse") + log_i).mean(-1)
+        assert excess_layer[0] < 0.05 and excess_layer[-1] > 0.5
     qn_layer = project(x, wq, 4, specs["layer"]).norm(dim=-1).median(-1).values
     qn_head = project(x, wq, 4, specs["head"]).norm(dim=-1).median(-1).values
-    assert torch.allclose(qn_head, torch.full((4,), math.sqrt(8), dtype=D64), rtol=1e-4)
+    assert torch.allclose(qn_head, torch.full((4,), math.sqrt(8), dtype=D64), rtol=1e-2)  # eps shaves the weakest
     assert (qn_layer.diff() > 0).all() and qn_layer[0] < 0.1 * qn_head[0]       # weak heads compressed
     rng = logit_range(qk_logits(x, wq, wk, specs["layer"]))
     assert (rng.diff() > 0).all()

@@ -305,6 +305,15 @@ def test_knowledge_on_tiny_model_is_argmax_of_its_logliks(tiny_llama, tok):
         assert p["acc"] == (p["pred"] == p["answer"])
 
 
+def test_knowledge_chat_style_scores_in_the_template(tiny_llama):
+    tokc = char_tokenizer(chat=True)
+    plain = evals.run_suite(tiny_llama, tokc, "knowledge", n_items=3)            # auto -> plain for likelihoods
+    chat = evals.run_suite(tiny_llama, tokc, "knowledge", n_items=3, prompt_style="chat")
+    assert (plain.settings["prompt_style"], chat.settings["prompt_style"]) == ("plain", "chat")
+    assert [p["key"] for p in plain.per_item] == [p["key"] for p in chat.per_item]
+    assert all(a["loglik"] != b["loglik"] for a, b in zip(plain.per_item, chat.per_item))
+
+
 def test_all_suites_run_on_a_tiny_model(tiny_gemma):
     tok = char_tokenizer(chat=True)
     res = evals.run_suites(tiny_gemma, tok, n_items={"instructions": 2, "math": 2, "knowledge": 2, "perplexity": 2},

@@ -178,3 +178,12 @@ def test_probe_equals_eager_on_embedded_models(fixture, request):
     ref = sink.eager_sink_probs(lm.model, ids, att, rec.sink_index)
     v = rec.valid[:, None, None, :].expand_as(rec.p)
     assert (rec.p - ref)[v].abs().max().item() <= 1e-5
+
+
+def test_short_prompts_can_be_skipped():
+    lm = tiny_model("llama", seed=9)
+    seqs = [[5, 6, 7], list(range(3, 20))]
+    with pytest.raises(ParameterError, match="query_start"):
+        sink.sink_strength(lm, input_ids=seqs, last_k_layers=2, query_start=4)
+    r = sink.sink_strength(lm, input_ids=seqs, last_k_layers=2, query_start=4, short="skip")
+    assert r.n_prompts == 1 and r.n_queries == 17 - 4
