@@ -54,7 +54,7 @@ def tiny_gemma():
     from sinklib.models import tiny_model
 
     # soft-capping on, so the body + head path must apply it like the model's own forward
-    return tiny_model("gemma3", seed=1, final_logit_softcapping=2.0).model
+    return tiny_model("gemma3", seed=1, final_logit_softcapping=0.5).model
 
 
 def test_char_tokenizer_roundtrip(tok):
@@ -354,6 +354,8 @@ def test_parameter_errors(tiny_llama, tok):
         evals.run_suite(tiny_llama, None, "math")
     with pytest.raises(ParameterError, match="'n_items'"):
         evals.run_suite(tiny_llama, tok, "math", n_items=0)
+    with pytest.raises(ParameterError, match="'n_shots'"):
+        evals.run_suite(tiny_llama, tok, "math", n_shots=7, n_items=1)
     with pytest.raises(ParameterError, match="'n_items'.*unknown suite"):
         evals.run_suites(tiny_llama, tok, n_items={"mathh": 2})
 

@@ -113,8 +113,17 @@ def _pct(flags: list[bool]) -> tuple[float, tuple[float, float]]:
     return grading.proportion_ci_pct(flags)
 
 
+def _shots(rows: list[dict], n_shots: int | None) -> list[dict]:
+    if not n_shots:
+        return []
+    if n_shots > len(rows):
+        raise ParameterError(f"parameter 'n_shots' got {n_shots}; allowed: an integer in [0, {len(rows)}] "
+                             "(the worked examples in data/evals)")
+    return rows[:n_shots]
+
+
 def _run_instructions(model, tok, rows, *, style, batch_size, max_new_tokens, n_shots, **_):
-    shots = items.load_instruction_fewshot()[:n_shots] if n_shots else []
+    shots = _shots(items.load_instruction_fewshot(), n_shots)
     enc = [instruction_prompt(tok, r["prompt"], style, shots) for r in rows]
     stop = enc[0][1] if enc else ()
     responses = generate(model, tok, [e[0] for e in enc], max_new_tokens, batch_size, stop)
@@ -132,7 +141,7 @@ def _run_instructions(model, tok, rows, *, style, batch_size, max_new_tokens, n_
 
 
 def _run_math(model, tok, rows, *, style, batch_size, max_new_tokens, n_shots, **_):
-    shots = items.load_math_fewshot()[:n_shots]
+    shots = _shots(items.load_math_fewshot(), n_shots)
     enc = [math_prompt(tok, r["question"], style, shots) for r in rows]
     stop = enc[0][1] if enc else ()
     responses = generate(model, tok, [e[0] for e in enc], max_new_tokens, batch_size, stop)

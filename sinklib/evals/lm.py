@@ -104,21 +104,24 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[:cut]
 
 
-class _StopStrings:
-    """Stopping criterion: a row is done once its generated text contains a stop string.
-    Returns a bool tensor ``[B]`` (transformers' per-row protocol)."""
+def _stop_strings(tokenizer: Any, prompt_len: int, stop: Sequence[str]):
+    """A transformers StoppingCriteria: a row is done once its generated text contains a stop
+    string (returns a bool tensor ``[B]``, the per-row protocol)."""
+    from transformers import StoppingCriteria
 
-    def __init__(self, tokenizer: Any, prompt_len: int, stop: Sequence[str]):
-        self.tokenizer, self.prompt_len, self.stop = tokenizer, prompt_len, [s for s in stop if s]
+    class StopStrings(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kw) -> torch.Tensor:
+            return _rows_done(tokenizer, prompt_len, stop, input_ids)
 
-    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kw) -> torch.Tensor:
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        if not self.stop:
-            return done
-        for i, row in enumerate(input_ids[:, self.prompt_len:].tolist()):
-            text = self.tokenizer.decode(row, skip_special_tokens=True)
-            done[i] = any(s in text for s in self.stop)
-        return done
+    return StopStrings()
+
+
+def _rows_done(tokenizer: Any, prompt_len: int, stop: Sequence[str], input_ids: torch.Tensor) -> torch.Tensor:
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for i, row in enumerate(input_ids[:, prompt_len:].tolist()):
+        text = tokenizer.decode(row, skip_special_tokens=True)
+        done[i] = any(s in text for s in stop if s)
+    return done
 
 
 @torch.inference_mode()
@@ -142,7 +145,7 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_n
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         ids, mask = left_pad([prompts[i] for i in idx], pad, dev)
-        crit = StoppingCriteriaList([_StopStrings(tokenizer, ids.shape[1], stop)]) if stop else None
+        crit = StoppingCriteriaList([_stop_strings(tokenizer, ids.shape[1], stop)]) if stop else None
         gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
                              stopping_criteria=crit)
         for row, i in zip(gen[:, ids.shape[1]:].tolist(), idx):
