@@ -15,11 +15,11 @@ The pieces, in the order the book uses them:
   each of the `n_visual_tokens` image features into an embedding of the LM's hidden size.
   Sequence layout (VL): ``[BOS if the tokenizer adds one] "Scene:" <visual tokens> "\\nQuestion: q\\nAnswer:" " a" <eos>``.
   Text-only: the visual tokens are replaced by ``" " + describe(scene)``.
-- **Training** (`train_vl`): stage 1 trains the projector only (LM frozen, lr `lr_projector`),
-  stage 2 trains projector + the full LM (every LM parameter, at `lr_lm`, as LLaVA-1.5 does).
-  AdamW, linear warm-up then cosine decay per stage, gradient clipping, seeded. The loss is the
-  mean cross-entropy over the answer tokens (the one-word answer and the end-of-sequence token)
-  only; hidden states are sliced at those positions before the LM head.
+- **Training** (`train_vl`): stage 1 trains the projector only (every LM weight frozen), stage 2
+  trains every LM parameter (at `lr_lm`) and the projector. AdamW, a short linear warm-up, then a
+  constant (default) or cosine learning rate, gradient clipping, seeded. The loss is the mean
+  cross-entropy over the answer tokens only (the one-word answer and the end-of-sequence token);
+  hidden states are sliced at those positions before the LM head.
 - **Controls**: `train_text_only` (the same items, in the same order, with the same number of
   LM steps, optimiser and schedule as stage 2, the scene given as text; both report their token
   budget) and `random_direction_like` (a norm-matched random weight change).
@@ -254,32 +254,35 @@ def _stream_seed(seed: int, tag: str, step: int) -> int:
 
 
 def batch_items(step: int, batch_size: int, seed: int = 0, tag: str = "lm", image_size: int = 48,
-                qtypes: Sequence[str] = QUESTION_TYPES) -> list[QAItem]:
+                qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4) -> list[QAItem]:
     """The training batch of one step: `batch_size` fresh scenes, one question each.
 
     Deterministic in (seed, tag, step). Stage 2 of `train_vl` and `train_text_only` both use
     tag 'lm', so the two see the same items in the same order; stage 1 uses tag 'projector'.
     """
-    return _draw_items(batch_size, _stream_seed(seed, tag, step), image_size, _check_qtypes(qtypes))
+    return _draw_items(batch_size, _stream_seed(seed, tag, step), image_size, _check_qtypes(qtypes), max_shapes)
 
 
-def _draw_items(n: int, s: int, image_size: int, qtypes: tuple[str, ...]) -> list[QAItem]:
+def _draw_items(n: int, s: int, image_size: int, qtypes: tuple[str, ...], max_shapes: int = 4) -> list[QAItem]:
     """n items, one per scene; scenes that allow none of `qtypes` are skipped and more are drawn."""
     items: list[QAItem] = []
     attempt = 0
     while len(items) < n:
         sub = s if attempt == 0 else _stream_seed(s, "more", attempt)
-        items.extend(make_items(make_scenes(n - len(items), seed=sub, image_size=image_size), seed=sub, qtypes=qtypes))
+        scenes = make_scenes(n - len(items), seed=sub, image_size=image_size, max_shapes=max_shapes)
+        items.extend(make_items(scenes, seed=sub, qtypes=qtypes))
         attempt += 1
         if attempt > 1000:
             raise ParameterError(f"parameter 'qtypes' {qtypes} allows almost no scene; include 'count' or 'exists'")
     return items[:n]
 
 
-def eval_items(n: int, seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES) -> list[QAItem]:
+def eval_items(n: int, seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES,
+               max_shapes: int = 4) -> list[QAItem]:
     """`n` held-out items (tag 'eval': a seed stream that training never uses)."""
     n = check_int("n", n, 1)
-    return _draw_items(n, _stream_seed(seed, "eval", 0), _check_image_size(image_size), _check_qtypes(qtypes))
+    return _draw_items(n, _stream_seed(seed, "eval", 0), _check_image_size(image_size), _check_qtypes(qtypes),
+                       check_int("max_shapes", max_shapes, 1, GRID * GRID))
 
 
 def majority_baseline(train_items: Sequence[QAItem], test_items: Sequence[QAItem]) -> float:
@@ -611,8 +614,9 @@ def answer_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 @dataclass
 class VLResult:
-    """What a training run returns. `history`: one row per optimiser step; `callbacks`: what the
-    callback returned; `budget`: the token budget (see `train_vl`). For the text-only control
+    """What a training run returns. `history`: one row per optimiser step (stage, step, loss,
+    grad_norm before clipping, lr of the first parameter group: the projector's in stage 1, the
+    LM's in stage 2 and in the text-only run, seconds); `callbacks`: what the callback returned; `budget`: the token budget (see `train_vl`). For the text-only control
     `projector` and `encoder` are None and kind is 'text_only'."""
 
     model: nn.Module
@@ -626,12 +630,17 @@ class VLResult:
     callbacks: list[dict] = field(default_factory=list)
 
 
-def _lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
+SCHEDULES = ("constant", "cosine")
+
+
+def _lr_lambda(steps: int, warmup_frac: float, schedule: str) -> Callable[[int], float]:
     warm = max(1, int(round(warmup_frac * steps))) if warmup_frac > 0 else 0
 
-    def f(i: int) -> float:  # i = number of scheduler steps taken so far (0-based step index)
+    def f(i: int) -> float:  # i = number of optimiser steps taken so far
         if i < warm:
             return (i + 1) / warm
+        if schedule == "constant":
+            return 1.0
         span = max(1, steps - warm)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (i - warm) / span)))
     return f
@@ -668,19 +677,55 @@ def _call_callback(callback, step: int, model, stage: str, projector, encoder, s
         store.append({"step": step, "stage": stage, "value": value})
 
 
-def _run_stage(model, tokenizer, *, stage: str, tag: str, mode: str, steps: int, batch_size: int,
-               params_groups: list[dict], seed: int, image_size: int, qtypes, warmup_frac: float,
-               weight_decay: float, max_grad_norm: float, encoder, projector, history: list, budget: dict,
-               callback, callback_every: int, step_offset: int, callbacks: list, progress: bool) -> float:
+@dataclass
+class _Setup:
+    """The checked settings both training functions share."""
+
+    batch_size: int
+    seed: int
+    image_size: int
+    qtypes: tuple[str, ...]
+    max_shapes: int
+    schedule: str
+    warmup_frac: float
+    weight_decay: float
+    max_grad_norm: float
+    callback: Callable | None
+    callback_every: int
+    progress: bool
+
+    def as_params(self) -> dict:
+        return {"batch_size": self.batch_size, "seed": self.seed, "image_size": self.image_size,
+                "qtypes": list(self.qtypes), "max_shapes": self.max_shapes, "schedule": self.schedule,
+                "warmup_frac": self.warmup_frac, "weight_decay": self.weight_decay,
+                "max_grad_norm": self.max_grad_norm, "optimizer": "AdamW(betas=(0.9, 0.999), eps=1e-8)"}
+
+
+def _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay, max_grad_norm,
+           callback, callback_every, progress) -> _Setup:
+    if callback is not None and not callable(callback):
+        raise ParameterError(f"parameter 'callback' got {callback!r}; allowed: None or a function (step, model)")
+    return _Setup(check_int("batch_size", batch_size, 1), check_int("seed", seed, 0), _check_image_size(image_size),
+                  _check_qtypes(qtypes), check_int("max_shapes", max_shapes, 1, GRID * GRID),
+                  check_choice("schedule", schedule, SCHEDULES), check_float("warmup_frac", warmup_frac, 0.0, 1.0),
+                  check_float("weight_decay", weight_decay, 0.0), check_float("max_grad_norm", max_grad_norm, 0.0),
+                  callback, check_int("callback_every", callback_every, 0), bool(progress))
+
+
+def _run_stage(model, tokenizer, su: _Setup, *, stage: str, tag: str, mode: str, steps: int,
+               param_groups: list[dict], encoder, projector, history: list, budget: dict, step_offset: int,
+               callbacks: list) -> float:
+    """One training stage: `steps` AdamW steps on the item stream `tag`; returns seconds."""
     from tqdm.auto import tqdm
 
-    trainable = [p for g in params_groups for p in g["params"]]
-    opt = torch.optim.AdamW(params_groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(steps, warmup_frac))
+    trainable = [p for g in param_groups for p in g["params"]]
+    opt = torch.optim.AdamW(param_groups, betas=(0.9, 0.999), eps=1e-8, weight_decay=su.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(steps, su.warmup_frac, su.schedule))
     t0 = time.perf_counter()
-    bar = tqdm(range(steps), desc=stage, disable=not progress, leave=True)
+    bar = tqdm(range(steps), desc=stage, disable=not su.progress, leave=True)
     for i in bar:
-        items = batch_items(i, batch_size, seed=seed, tag=tag, image_size=image_size, qtypes=qtypes)
+        items = batch_items(i, su.batch_size, seed=su.seed, tag=tag, image_size=su.image_size, qtypes=su.qtypes,
+                            max_shapes=su.max_shapes)
         ts = time.perf_counter()
         batch = build_batch(model, tokenizer, items, mode=mode, encoder=encoder, projector=projector)
         loss = answer_loss(model, batch)
@@ -688,42 +733,39 @@ def _run_stage(model, tokenizer, *, stage: str, tag: str, mode: str, steps: int,
             raise SinkbookError(f"{stage}: loss is {loss.item()} at step {i + 1}; lower the learning rate")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm))
+        gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, su.max_grad_norm))
         lrs = [g["lr"] for g in opt.param_groups]
         opt.step()
         sched.step()
         _add_budget(budget, batch)
-        history.append({"stage": stage, "step": step_offset + i + 1, "loss": loss.item(), "grad_norm": gnorm,
-                        "lr": lrs[-1], "seconds": time.perf_counter() - ts})
-        bar.set_postfix(loss=f"{loss.item():.3f}")
         step = step_offset + i + 1
-        if callback is not None and ((callback_every and step % callback_every == 0) or i == steps - 1):
-            _call_callback(callback, step, model, stage, projector, encoder, callbacks)
+        history.append({"stage": stage, "step": step, "loss": loss.item(), "grad_norm": gnorm, "lr": lrs[0],
+                        "seconds": time.perf_counter() - ts})
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if su.callback is not None and ((su.callback_every and step % su.callback_every == 0) or i == steps - 1):
+            _call_callback(su.callback, step, model, stage, projector, encoder, callbacks)
     bar.close()
     return time.perf_counter() - t0
 
 
-def _check_common(batch_size, seed, image_size, qtypes, warmup_frac, weight_decay, max_grad_norm, callback_every):
-    return (check_int("batch_size", batch_size, 1), check_int("seed", seed, 0), _check_image_size(image_size),
-            _check_qtypes(qtypes), check_float("warmup_frac", warmup_frac, 0.0, 1.0),
-            check_float("weight_decay", weight_decay, 0.0), check_float("max_grad_norm", max_grad_norm, 0.0),
-            check_int("callback_every", callback_every, 0))
-
-
-def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = 100, stage2_steps: int = 150, batch_size: int = 8,
-             lr_projector: float = 1e-3, lr_lm: float = 5e-5, seed: int = 0, image_size: int = 48,
-             encoder: FrozenVisionEncoder | None = None, projector: Projector | None = None,
-             encoder_kwargs: Mapping[str, Any] | None = None, qtypes: Sequence[str] = QUESTION_TYPES,
-             warmup_frac: float = 0.1, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
+def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = 150, stage2_steps: int = 40, batch_size: int = 32,
+             lr_projector: float = 3e-3, lr_lm: float = 5e-5, lr_projector_stage2: float | None = None,
+             seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4,
+             schedule: str = "constant", warmup_frac: float = 0.05, weight_decay: float = 0.0,
+             max_grad_norm: float = 1.0, encoder: FrozenVisionEncoder | None = None,
+             projector: Projector | None = None, encoder_kwargs: Mapping[str, Any] | None = None,
              callback: Callable | None = None, callback_every: int = 0, progress: bool = True) -> VLResult:
     """Two-stage LLaVA-style adaptation; trains `model` IN PLACE (snapshot it first with
     `clone_state_dict` if you need the base) and leaves it in eval mode.
 
-    Stage 1 ('projector'): only the projector, LM frozen, AdamW at `lr_projector`, on the item
-    stream tagged 'projector'. Stage 2 ('lm'): projector + every LM parameter, one AdamW at
-    `lr_lm` (LLaVA-1.5 uses one learning rate in its second stage), on the stream tagged 'lm'.
-    Each stage: linear warm-up over `warmup_frac` of its steps, then cosine decay to 0; gradient
-    norm clipped at `max_grad_norm`. Loss: mean cross-entropy over answer tokens only.
+    Stage 1 ('VL stage 1 (projector)'): only the projector, every LM weight frozen, AdamW at
+    `lr_projector`, on the item stream tagged 'projector'. Stage 2 ('VL stage 2 (projector + LM)'):
+    every LM parameter at `lr_lm` plus the projector at `lr_projector_stage2` (None: the same
+    `lr_projector` as stage 1; LLaVA-1.5 uses one rate for both, which you get with
+    `lr_projector_stage2=lr_lm`), on the stream tagged 'lm'. A fresh AdamW per stage, linear
+    warm-up over `warmup_frac` of the stage's steps, then `schedule` ('constant' or 'cosine' to 0);
+    gradient norm clipped at `max_grad_norm`. Loss: mean cross-entropy over answer tokens only.
+    Scenes hold 1..`max_shapes` shapes; questions are drawn from `qtypes`.
 
     `callback(step, model)` (it may also take keyword arguments `stage`, `projector`, `encoder`)
     runs with the model in eval mode at step 0, every `callback_every` steps (global count over
@@ -731,55 +773,50 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = 100, stage2_ste
     `result.budget` = {'stage1': {...}, 'stage2': {...}} with steps, examples, answer_tokens,
     input_positions (real positions), visual_positions, text_positions, padded_positions.
     """
+    su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
+                max_grad_norm, callback, callback_every, progress)
     stage1_steps = check_int("stage1_steps", stage1_steps, 0)
     stage2_steps = check_int("stage2_steps", stage2_steps, 0)
     lr_projector = check_float("lr_projector", lr_projector, 0.0, 1.0)
     lr_lm = check_float("lr_lm", lr_lm, 0.0, 1.0)
-    batch_size, seed, image_size, qtypes, warmup_frac, weight_decay, max_grad_norm, callback_every = _check_common(
-        batch_size, seed, image_size, qtypes, warmup_frac, weight_decay, max_grad_norm, callback_every)
-    torch.manual_seed(seed)
+    lr_p2 = lr_projector if lr_projector_stage2 is None else check_float("lr_projector_stage2", lr_projector_stage2,
+                                                                          0.0, 1.0)
+    torch.manual_seed(su.seed)
     if encoder is None:
-        encoder = make_encoder(image_size=image_size, seed=seed, **dict(encoder_kwargs or {}))
+        encoder = make_encoder(image_size=su.image_size, seed=su.seed, **dict(encoder_kwargs or {}))
     elif encoder_kwargs:
         raise ParameterError("give either 'encoder' or 'encoder_kwargs', not both")
-    if encoder.config["image_size"] != image_size:
-        raise ParameterError(f"parameter 'image_size' is {image_size} but the encoder expects "
+    if encoder.config["image_size"] != su.image_size:
+        raise ParameterError(f"parameter 'image_size' is {su.image_size} but the encoder expects "
                              f"{encoder.config['image_size']}")
-    dev, dt = _model_device_dtype(model)
+    dev, _ = _model_device_dtype(model)
     encoder.to(dev)
     if projector is None:
-        projector = make_projector(encoder, model, seed=seed)
-    params = {"kind": "vl", "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "batch_size": batch_size,
-              "lr_projector": lr_projector, "lr_lm": lr_lm, "seed": seed, "image_size": image_size,
-              "qtypes": list(qtypes), "warmup_frac": warmup_frac, "weight_decay": weight_decay,
-              "max_grad_norm": max_grad_norm, "encoder": dict(encoder.config), "optimizer": "AdamW(0.9, 0.999, 1e-8)",
-              "schedule": "linear warm-up + cosine to 0, per stage"}
+        projector = make_projector(encoder, model, seed=su.seed)
+    params = {"kind": "vl", "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "lr_projector": lr_projector,
+              "lr_lm": lr_lm, "lr_projector_stage2": lr_p2, **su.as_params(), "encoder": dict(encoder.config)}
     history: list[dict] = []
     callbacks: list[dict] = []
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
     seconds = {}
-    lm_params = [p for p in model.parameters()]
+    lm_params = list(model.parameters())
     req = [p.requires_grad for p in lm_params]
-    common = dict(seed=seed, image_size=image_size, qtypes=qtypes, warmup_frac=warmup_frac,
-                  weight_decay=weight_decay, max_grad_norm=max_grad_norm, encoder=encoder, projector=projector,
-                  history=history, callback=callback, callback_every=callback_every, callbacks=callbacks,
-                  progress=progress)
+    common = dict(encoder=encoder, projector=projector, history=history, callbacks=callbacks)
     try:
         model.train()
         projector.train()
-        _call_callback(callback, 0, model, "start", projector, encoder, callbacks)
+        _call_callback(su.callback, 0, model, "start", projector, encoder, callbacks)
         for p in lm_params:
             p.requires_grad_(False)
         seconds["stage1"] = _run_stage(
-            model, tokenizer, stage="VL stage 1 (projector)", tag="projector", mode="vl", steps=stage1_steps,
-            batch_size=batch_size, params_groups=[{"params": list(projector.parameters()), "lr": lr_projector}],
+            model, tokenizer, su, stage="VL stage 1 (projector)", tag="projector", mode="vl", steps=stage1_steps,
+            param_groups=[{"params": list(projector.parameters()), "lr": lr_projector}],
             budget=budget["stage1"], step_offset=0, **common)
         for p in lm_params:
             p.requires_grad_(True)
         seconds["stage2"] = _run_stage(
-            model, tokenizer, stage="VL stage 2 (projector + LM)", tag="lm", mode="vl", steps=stage2_steps,
-            batch_size=batch_size,
-            params_groups=[{"params": list(projector.parameters()) + lm_params, "lr": lr_lm}],
+            model, tokenizer, su, stage="VL stage 2 (projector + LM)", tag="lm", mode="vl", steps=stage2_steps,
+            param_groups=[{"params": lm_params, "lr": lr_lm}, {"params": list(projector.parameters()), "lr": lr_p2}],
             budget=budget["stage2"], step_offset=stage1_steps, **common)
     finally:
         for p, r in zip(lm_params, req):
@@ -790,26 +827,26 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = 100, stage2_ste
                     params=params, seconds=seconds, kind="vl", callbacks=callbacks)
 
 
-def train_text_only(model: nn.Module, tokenizer, *, steps: int = 150, batch_size: int = 8, lr: float = 5e-5,
-                    seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES,
-                    warmup_frac: float = 0.1, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
-                    callback: Callable | None = None, callback_every: int = 0, progress: bool = True) -> VLResult:
+def train_text_only(model: nn.Module, tokenizer, *, steps: int = 40, batch_size: int = 32, lr: float = 5e-5,
+                    seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4,
+                    schedule: str = "constant", warmup_frac: float = 0.05, weight_decay: float = 0.0,
+                    max_grad_norm: float = 1.0, callback: Callable | None = None, callback_every: int = 0,
+                    progress: bool = True) -> VLResult:
     """The matched text-only control; trains `model` IN PLACE and leaves it in eval mode.
 
-    Same as stage 2 of `train_vl` with the same (steps, batch_size, lr, seed, qtypes, schedule,
-    AdamW, clipping): the same items in the same order with the same answers, but each scene is
-    given as its text description instead of visual tokens. The supervised answer tokens are
-    therefore identical; `result.budget['stage2']` reports the positions so the two can be compared.
+    Pass the same values as to `train_vl` (steps = stage2_steps, lr = lr_lm): it then runs
+    stage 2 exactly, the same items in the same order with the same answers, the same AdamW,
+    schedule and clipping on every LM parameter, except that each scene is given as its text
+    description instead of visual tokens (and there is no projector). The supervised answer
+    tokens are therefore identical; `result.budget['stage2']` reports steps, examples,
+    answer_tokens and positions so the two budgets can be compared.
     """
+    su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
+                max_grad_norm, callback, callback_every, progress)
     steps = check_int("steps", steps, 0)
     lr = check_float("lr", lr, 0.0, 1.0)
-    batch_size, seed, image_size, qtypes, warmup_frac, weight_decay, max_grad_norm, callback_every = _check_common(
-        batch_size, seed, image_size, qtypes, warmup_frac, weight_decay, max_grad_norm, callback_every)
-    torch.manual_seed(seed)
-    params = {"kind": "text_only", "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-              "image_size": image_size, "qtypes": list(qtypes), "warmup_frac": warmup_frac,
-              "weight_decay": weight_decay, "max_grad_norm": max_grad_norm,
-              "optimizer": "AdamW(0.9, 0.999, 1e-8)", "schedule": "linear warm-up + cosine to 0"}
+    torch.manual_seed(su.seed)
+    params = {"kind": "text_only", "steps": steps, "lr": lr, **su.as_params()}
     history: list[dict] = []
     callbacks: list[dict] = []
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
@@ -817,15 +854,12 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = 150, batch_size
     req = [p.requires_grad for p in lm_params]
     try:
         model.train()
-        _call_callback(callback, 0, model, "start", None, None, callbacks)
+        _call_callback(su.callback, 0, model, "start", None, None, callbacks)
         for p in lm_params:
             p.requires_grad_(True)
-        sec = _run_stage(model, tokenizer, stage="text-only (LM)", tag="lm", mode="text", steps=steps,
-                         batch_size=batch_size, params_groups=[{"params": lm_params, "lr": lr}], seed=seed,
-                         image_size=image_size, qtypes=qtypes, warmup_frac=warmup_frac, weight_decay=weight_decay,
-                         max_grad_norm=max_grad_norm, encoder=None, projector=None, history=history,
-                         budget=budget["stage2"], callback=callback, callback_every=callback_every,
-                         step_offset=0, callbacks=callbacks, progress=progress)
+        sec = _run_stage(model, tokenizer, su, stage="text-only (LM)", tag="lm", mode="text", steps=steps,
+                         param_groups=[{"params": lm_params, "lr": lr}], encoder=None, projector=None,
+                         history=history, budget=budget["stage2"], step_offset=0, callbacks=callbacks)
     finally:
         for p, r in zip(lm_params, req):
             p.requires_grad_(r)

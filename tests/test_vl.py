@@ -91,6 +91,15 @@ def test_answers_agree_with_the_rendered_pixels():
         assert it.answer == expected, (it.question, it.answer, shapes)
 
 
+def test_max_shapes_and_schedules():
+    assert all(len(it.scene.shapes) == 1 for it in vl.batch_items(0, 20, max_shapes=1))
+    assert max(len(it.scene.shapes) for it in vl.batch_items(0, 200)) == 4
+    const = vl._lr_lambda(20, 0.1, "constant")
+    cos = vl._lr_lambda(20, 0.1, "cosine")
+    assert [const(i) for i in range(3)] == [0.5, 1.0, 1.0] and const(19) == 1.0
+    assert cos(1) == 1.0 and cos(10) < 1.0 and cos(19) < 0.01
+
+
 def test_answer_balance_and_majority_baseline():
     items = vl.eval_items(800, seed=0)
     assert {it.answer for it in items if it.qtype == "exists"} == {"yes", "no"}
@@ -235,16 +244,18 @@ def test_text_only_control_matches_the_vl_token_budget():
 
 
 def test_tiny_model_learns_a_trivial_vqa():
-    torch.manual_seed(0)
+    """One shape, 'What colour is the <kind>?': the answer loss of a random tiny LM falls from about
+    ln(128) = 4.85 (uniform over the vocabulary) to well under 1 in 40 steps (the answer format is
+    learnt; reading the colour from the image takes far longer for a tiny random LM)."""
     model = tiny(seed=1)
-    r = vl.train_vl(model, TOK, stage1_steps=10, stage2_steps=30, batch_size=16, lr_projector=3e-3, lr_lm=3e-3,
-                    seed=0, qtypes=["exists"], progress=False)
+    r = vl.train_vl(model, TOK, stage1_steps=0, stage2_steps=40, batch_size=16, lr_lm=3e-3, seed=0,
+                    qtypes=["colour"], max_shapes=1, progress=False)
     losses = [h["loss"] for h in r.history]
-    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
-    assert np.mean(losses[-5:]) < 1.0  # near the ln 2 of a blind yes/no guess once the format is learnt
-    acc, n = vl.vqa_accuracy(model, TOK, r.encoder, r.projector, vl.eval_items(40, qtypes=["exists"]),
-                             method="options")
-    assert n == 40 and 0.0 <= acc <= 1.0
+    assert np.mean(losses[:5]) > 3.0
+    assert np.mean(losses[-5:]) < 1.0 and np.mean(losses[-5:]) < 0.25 * np.mean(losses[:5])
+    preds = vl.vqa_predict(model, TOK, r.encoder, r.projector, vl.eval_items(20, qtypes=["colour"], max_shapes=1),
+                           max_new_tokens=8)  # characters: " yellow" + eos
+    assert sum(p in vl.COLOURS for p in preds) >= 15  # it answers with colour words
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 | --- | --- | --- |
 | ``instructions`` | IFEval (graded by lm-eval's own checkers) | strict, lenient (prompt level), inst_strict, inst_lenient |
 | ``math`` | GSM8K-CoT | strict ("The answer is N."), lenient (last number anywhere) |
-| ``knowledge`` | MMLU / ARC / BoolQ, cloze style | acc, acc_norm (per-character normalised) |
+| ``knowledge`` | MMLU / ARC / BoolQ, cloze style | acc, acc_norm (per-byte normalised) |
 | ``perplexity`` | held-out text | ppl (per token), bits_per_byte |
 
 The gap between the strict and the lenient score of a format-sensitive suite is the part of the
@@ -261,8 +261,8 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
         n_shots = check_int("n_shots", n_shots, 0, 8)
     t0 = time.perf_counter()
     if source == "ifeval":
-        grading.ensure_punkt()
-        all_rows = items.load_ifeval_items()
+        all_rows = items.load_ifeval_items()  # fails first and fast when offline
+        grading.ensure_punkt()  # two IFEval ids need nltk's punkt_tab data
     else:
         all_rows = spec["load"]()
     rows = items.sample(all_rows, n_items, seed)

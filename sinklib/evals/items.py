@@ -101,7 +101,13 @@ def load_ifeval_items() -> list[dict]:
 
 
 def load_knowledge_items() -> list[dict]:
-    """Multiple-choice items: question, choices, answer (index), category; ``passage`` for yes/no items."""
+    """Multiple-choice items: question, choices, answer (index), category; ``passage`` for yes/no items.
+
+    Scored cloze style (the choice text follows "Answer:"). Yes/no items (BoolQ-like: a passage and a
+    question) offer the negated and the affirmative statement as choices 0 and 1: with bare " no" /
+    " yes" both embedded models answer one word to every question (50 %, chance), so the bare format
+    could not show a change.
+    """
     rows = read_jsonl(FILES["knowledge"])
     for n, r in enumerate(rows):
         _require(FILES["knowledge"], r, ("question", "choices", "answer", "category"), n)
