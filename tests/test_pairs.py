@@ -1,0 +1,70 @@
+"""Adapted pairs are trained once and then loaded from the cache; evaluations are cached too."""
+import pytest
+import torch
+
+from sinklib import pairs, vl
+from sinklib.errors import ParameterError, ResultsMissing
+from sinklib.models import tiny_model
+from tests.test_vl import TOK
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _params():
+    return pairs.pair_params("tiny-llama", seed=1, stage1_steps=2, stage2_steps=2, batch_size=2, weights="random")
+
+
+def test_build_then_load_from_cache(cache):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    base = vl.clone_state_dict(lm.model)
+    p = pairs.build_pair(lm, _params(), progress=False)
+    assert p.trained_now == {"vl": True, "text_only": True}
+    assert set(p.states) == set(pairs.CONDITIONS)
+    for k, v in base.items():  # the model holds the base weights again
+        assert torch.equal(lm.model.state_dict()[k], v)
+    assert not torch.equal(p.states["vl"]["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    # per-tensor norm of the random change equals that of the VL change
+    k = "model.layers.1.mlp.up_proj.weight"
+    dv = float((p.states["vl"][k] - base[k]).norm())
+    dr = float((p.states["random"][k] - base[k]).norm())
+    assert dr == pytest.approx(dv, rel=1e-4)
+    again = pairs.load_pair(lm, _params())
+    assert again.trained_now == {"vl": False, "text_only": False}
+    for cond in ("vl", "text_only"):
+        for key in p.states[cond]:
+            assert torch.equal(p.states[cond][key], again.states[cond][key])
+    assert again.logs["vl"]["budget"] == p.logs["vl"]["budget"]
+
+
+def test_load_pair_names_the_notebook_when_missing(cache):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    with pytest.raises(ResultsMissing, match="04_vl_adaptation"):
+        pairs.load_pair(lm, _params())
+
+
+def test_bad_pair_parameters():
+    with pytest.raises(ParameterError, match="stage2_steps"):
+        pairs.pair_params("m", stage2_steps=0)
+    with pytest.raises(ParameterError, match="lr_lm"):
+        pairs.pair_params("m", lr_lm="fast")
+    with pytest.raises(ParameterError, match="kind"):
+        pairs.condition_dir(_params(), "random")
+
+
+def test_cached_json_computes_once(cache):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"x": 1.5}
+
+    assert pairs.cached_json({"a": 1}, compute) == {"x": 1.5}
+    assert pairs.cached_json({"a": 1}, compute) == {"x": 1.5}
+    assert pairs.cached_json({"a": 2}, compute) == {"x": 1.5}
+    assert len(calls) == 2
