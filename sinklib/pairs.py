@@ -153,17 +153,20 @@ def cached_json(key_params: Mapping[str, Any], compute: Callable[[], dict], fold
 
 def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mapping[str, int], seed: int = 0,
                        prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int = 0,
-                       eval_batch_size: int = 8, refresh: bool = False) -> dict:
+                       eval_batch_size: int = 8, refresh: bool = False, key_extra: Mapping[str, Any] | None = None) -> dict:
     """Text suites, Sink Strength and (for 'vl') VQA accuracy of one condition; cached by its parameters.
 
     Returns {"scores": [rows of evals.results_table], "S": float, "mass": [L][H], "vqa": (acc, n) | None}.
-    `lm.model` is left holding the base weights.
+    `lm.model` is left holding the base weights. `key_extra` joins the cache key (for example the
+    parameters of a merge that made the condition).
     """
     from . import evals, sink
 
     eval_n = {k: check_int(f"eval_n[{k}]", v, 0, 10**6) for k, v in dict(eval_n).items()}
     key = {"pair": pair.params, "condition": condition, "eval_n": eval_n, "seed": seed, "prompts": prompts,
            "sink": dict(sink_kwargs), "vqa_n": vqa_n, "eval_batch_size": eval_batch_size, "version": 1}
+    if key_extra:
+        key["extra"] = dict(key_extra)
 
     def compute() -> dict:
         model = pair.load_into(lm.model, condition)

@@ -1100,9 +1100,9 @@ def random_direction_like(base_sd: Mapping[str, torch.Tensor], adapted_sd: Mappi
             continue
         target = torch.linalg.vector_norm(a.double() - b.double())
         g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(k.encode())) % (2**63))
-        r = torch.randn(b.shape, generator=g, dtype=torch.float64)
-        r = r * (target / torch.linalg.vector_norm(r)) if target > 0 else torch.zeros_like(r)
-        out[k] = (b.double() + r.to(b.device)).to(b.dtype)
+        r = torch.randn(b.shape, generator=g, dtype=torch.float32).to(b.device)
+        scale = float(target / torch.linalg.vector_norm(r, dtype=torch.float64)) if target > 0 else 0.0
+        out[k] = (b.double() + r.double() * scale).to(b.dtype)
     return out
 
 
