@@ -204,6 +204,45 @@ def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kerne
     return times
 
 
+def _code_sources(nb) -> list[str]:
+    return [c.source.strip() for c in nb.cells if c.cell_type == "code"
+            and "injected-parameters" not in c.metadata.get("tags", [])]
+
+
+def sync_text(names: list[str] | None = None, out: Path = CHAPTERS) -> list[str]:
+    """Copy edited markdown cells from notebooks/ into the executed copies without re-running them.
+
+    Only prose changes this way: if any code cell differs, or the markdown cells changed in number or
+    position, it refuses and names the notebook to re-execute. Returns the notebooks it updated.
+    """
+    import nbformat
+
+    updated = []
+    for name in names or notebook_names():
+        src_nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+        ex_path = Path(out) / f"{name}.ipynb"
+        ex_nb = nbformat.read(ex_path, as_version=4)
+        if _code_sources(src_nb) != _code_sources(ex_nb):
+            raise ParameterError(f"{ex_path}: code cells differ from notebooks/{name}.ipynb; re-execute it with "
+                                 f"`python -m sinklib.book run --only {name[:2]}`")
+        src_md = [c for c in src_nb.cells if c.cell_type == "markdown"]
+        ex_md = [c for c in ex_nb.cells if c.cell_type == "markdown"]
+        pattern = lambda nb: [c.cell_type for c in nb.cells  # noqa: E731
+                              if "injected-parameters" not in c.metadata.get("tags", [])]
+        if pattern(src_nb) != pattern(ex_nb):
+            raise ParameterError(f"{ex_path}: cells were added, removed or moved in notebooks/{name}.ipynb; "
+                                 f"re-execute it with `python -m sinklib.book run --only {name[:2]}`")
+        changed = False
+        for a, b in zip(src_md, ex_md):
+            if a.source != b.source:
+                b.source = a.source
+                changed = True
+        if changed:
+            nbformat.write(ex_nb, ex_path)
+            updated.append(name)
+    return updated
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sinklib.book", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,7 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=str(CHAPTERS), help="folder of the executed copies (default book/chapters)")
     r.add_argument("--log-output", action="store_true", help="stream cell outputs to the terminal")
     sub.add_parser("list", help="list notebooks and their profiles")
+    t = sub.add_parser("sync-text", help="copy edited markdown from notebooks/ into the executed copies")
+    t.add_argument("--only", nargs="*", help="notebook names (default: all)")
     a = ap.parse_args(argv)
+    if a.cmd == "sync-text":
+        names = [n for n in notebook_names() if not a.only or any(n.startswith(o) for o in a.only)]
+        print("updated:", ", ".join(sync_text(names)) or "nothing")
+        return 0
     if a.cmd == "list":
         for n in notebook_names():
             print(n, {p: load_profile(n, p) for p in PROFILE_NAMES})

@@ -23,13 +23,14 @@ import torch
 from . import vl
 from .errors import ParameterError, ResultsMissing
 from .models import Loaded, cache_dir
-from .params import check_float, check_int
+from .params import check_choice, check_float, check_int
 
 CONDITIONS = ("base", "vl", "text_only", "random")
 
 
-def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = 100, stage2_steps: int = 150,
-                batch_size: int = 8, lr_projector: float = 1e-3, lr_lm: float = 5e-5, weights: str = "") -> dict:
+def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = 150, stage2_steps: int = 40,
+                batch_size: int = 32, lr_projector: float = 3e-3, lr_lm: float = 5e-5, schedule: str = "constant",
+                weights: str = "") -> dict:
     """The parameters that identify an adapted pair (validated); `weights` is the base weights hash."""
     return {
         "model": model, "weights": weights,
@@ -40,6 +41,7 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
         "batch_size": check_int("batch_size", batch_size, 1, 4096),
         "lr_projector": check_float("lr_projector", lr_projector, 0.0, 1.0),
         "lr_lm": check_float("lr_lm", lr_lm, 0.0, 1.0),
+        "schedule": check_choice("schedule", schedule, ("constant", "cosine")),
     }
 
 
@@ -88,7 +90,7 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
     logs: dict[str, dict] = {}
     trained: dict[str, bool] = {}
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
-                  callback=callback, callback_every=callback_every, progress=progress)
+                  schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every, progress=progress)
 
     path = condition_dir(params, "vl")
     if vl.checkpoint_exists(path) and not retrain:

@@ -41,6 +41,8 @@ def test_executed_copy_is_fresh(path):
     assert executed.exists(), f"run `python -m sinklib.book run --profile full --only {path.stem[:2]}`"
     src, ex = nbformat.read(path, as_version=4), nbformat.read(executed, as_version=4)
     assert _code(src) == _code(ex), f"{executed} is stale: re-execute {path.name}"
+    md = lambda nb: [c.source for c in nb.cells if c.cell_type == "markdown"]  # noqa: E731
+    assert md(src) == md(ex), f"{executed}: prose differs from the source; run `python -m sinklib.book sync-text`"
     errors = [o for c in ex.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{executed} contains errors"
     injected = [c for c in ex.cells if "injected-parameters" in c.metadata.get("tags", [])]
@@ -82,6 +84,29 @@ def test_wrong_parameter_type_is_a_clear_error(tmp_path, results_tmp):
     with pytest.raises(pm.PapermillExecutionError, match="n_prompts"):
         pm.execute_notebook(str(src), str(tmp_path / "bad.ipynb"), parameters={"n_prompts": "many"},
                             kernel_name="python3", language="python", progress_bar=False)
+
+
+def test_sync_text_copies_prose_and_refuses_code_changes(tmp_path, monkeypatch):
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    src_dir, out = tmp_path / "notebooks", tmp_path / "chapters"
+    src_dir.mkdir(), out.mkdir()
+    monkeypatch.setattr(book, "NOTEBOOKS", src_dir)
+    executed = new_notebook(cells=[new_markdown_cell("old prose"), new_code_cell("x = 1")])
+    executed.cells[1].outputs = [nbformat.v4.new_output("stream", text="kept\n")]
+    nbformat.write(executed, out / "99_demo.ipynb")
+    nbformat.write(new_notebook(cells=[new_markdown_cell("new prose"), new_code_cell("x = 1")]),
+                   src_dir / "99_demo.ipynb")
+    assert book.sync_text(["99_demo"], out) == ["99_demo"]
+    ex = nbformat.read(out / "99_demo.ipynb", as_version=4)
+    assert ex.cells[0].source == "new prose" and ex.cells[1].outputs[0].text == "kept\n"
+    assert book.sync_text(["99_demo"], out) == []
+    nbformat.write(new_notebook(cells=[new_markdown_cell("p"), new_code_cell("x = 2")]), src_dir / "99_demo.ipynb")
+    with pytest.raises(book.ParameterError, match="re-execute"):
+        book.sync_text(["99_demo"], out)
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1"), new_markdown_cell("p")]), src_dir / "99_demo.ipynb")
+    with pytest.raises(book.ParameterError, match="moved"):
+        book.sync_text(["99_demo"], out)
 
 
 def test_unknown_profile_is_rejected():

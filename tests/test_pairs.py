@@ -53,6 +53,11 @@ def test_bad_pair_parameters():
         pairs.pair_params("m", stage2_steps=0)
     with pytest.raises(ParameterError, match="lr_lm"):
         pairs.pair_params("m", lr_lm="fast")
+    with pytest.raises(ParameterError, match="schedule"):
+        pairs.pair_params("m", schedule="linear")
+    # the schedule is part of the checkpoint key: a cosine pair never loads a constant one
+    a, b = pairs.pair_params("m"), pairs.pair_params("m", schedule="cosine")
+    assert pairs.condition_dir(a, "vl") != pairs.condition_dir(b, "vl")
     with pytest.raises(ParameterError, match="kind"):
         pairs.condition_dir(_params(), "random")
 
