@@ -28,10 +28,14 @@ from .params import check_choice, check_float, check_int
 CONDITIONS = ("base", "vl", "text_only", "random")
 
 
-def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = 150, stage2_steps: int = 40,
-                batch_size: int = 32, lr_projector: float = 3e-3, lr_lm: float = 5e-5, schedule: str = "constant",
-                weights: str = "") -> dict:
-    """The parameters that identify an adapted pair (validated); `weights` is the base weights hash."""
+def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = 200, stage2_steps: int = 60,
+                batch_size: int = 32, lr_projector: float = 1e-2, lr_lm: float = 5e-5,
+                lr_projector_stage2: float | None = 5e-5, schedule: str = "constant", weights: str = "") -> dict:
+    """The parameters that identify an adapted pair (validated); `weights` is the base weights hash.
+
+    `lr_projector_stage2=None` keeps `lr_projector` in stage 2; the default uses `lr_lm`'s value, one
+    rate for projector and LM in stage 2 as in LLaVA-1.5.
+    """
     return {
         "model": model, "weights": weights,
         "seed": check_int("seed", seed, 0),
@@ -41,6 +45,8 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
         "batch_size": check_int("batch_size", batch_size, 1, 4096),
         "lr_projector": check_float("lr_projector", lr_projector, 0.0, 1.0),
         "lr_lm": check_float("lr_lm", lr_lm, 0.0, 1.0),
+        "lr_projector_stage2": check_float("lr_projector", lr_projector, 0.0, 1.0) if lr_projector_stage2 is None
+        else check_float("lr_projector_stage2", lr_projector_stage2, 0.0, 1.0),
         "schedule": check_choice("schedule", schedule, ("constant", "cosine")),
     }
 
@@ -99,7 +105,8 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
         trained["vl"] = False
     else:
         res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
-                          lr_projector=params["lr_projector"], lr_lm=params["lr_lm"], **common)
+                          lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
+                          lr_projector_stage2=params.get("lr_projector_stage2"), **common)
         projector, encoder, logs["vl"] = res.projector, res.encoder, _meta_of(res)
         vl.save_checkpoint(path, model, projector, encoder, meta=logs["vl"])
         trained["vl"] = True
