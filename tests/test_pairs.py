@@ -58,6 +58,11 @@ def test_bad_pair_parameters():
     # the schedule is part of the checkpoint key: a cosine pair never loads a constant one
     a, b = pairs.pair_params("m"), pairs.pair_params("m", schedule="cosine")
     assert pairs.condition_dir(a, "vl") != pairs.condition_dir(b, "vl")
+    # stage 2's projector rate is explicit in the key: None means "keep stage 1's rate"
+    assert pairs.pair_params("m", lr_projector=0.02, lr_projector_stage2=None)["lr_projector_stage2"] == 0.02
+    assert pairs.pair_params("m", lr_projector=0.02, lr_lm=1e-5, lr_projector_stage2=1e-5)["lr_projector_stage2"] == 1e-5
+    with pytest.raises(ParameterError, match="lr_projector_stage2"):
+        pairs.pair_params("m", lr_projector_stage2=-1.0)
     with pytest.raises(ParameterError, match="kind"):
         pairs.condition_dir(_params(), "random")
 
