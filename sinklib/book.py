@@ -204,9 +204,14 @@ def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kerne
     return times
 
 
-def _code_sources(nb) -> list[str]:
+def code_sources(nb) -> list[str]:
+    """The code of a notebook's cells, papermill's injected-parameters cell left out (freshness checks)."""
     return [c.source.strip() for c in nb.cells if c.cell_type == "code"
             and "injected-parameters" not in c.metadata.get("tags", [])]
+
+
+def _cell_kinds(nb) -> list[str]:
+    return [c.cell_type for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
 
 
 def sync_text(names: list[str] | None = None, out: Path = CHAPTERS) -> list[str]:
@@ -222,16 +227,14 @@ def sync_text(names: list[str] | None = None, out: Path = CHAPTERS) -> list[str]
         src_nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         ex_path = Path(out) / f"{name}.ipynb"
         ex_nb = nbformat.read(ex_path, as_version=4)
-        if _code_sources(src_nb) != _code_sources(ex_nb):
+        if code_sources(src_nb) != code_sources(ex_nb):
             raise ParameterError(f"{ex_path}: code cells differ from notebooks/{name}.ipynb; re-execute it with "
                                  f"`python -m sinklib.book run --only {name[:2]}`")
-        src_md = [c for c in src_nb.cells if c.cell_type == "markdown"]
-        ex_md = [c for c in ex_nb.cells if c.cell_type == "markdown"]
-        pattern = lambda nb: [c.cell_type for c in nb.cells  # noqa: E731
-                              if "injected-parameters" not in c.metadata.get("tags", [])]
-        if pattern(src_nb) != pattern(ex_nb):
+        if _cell_kinds(src_nb) != _cell_kinds(ex_nb):
             raise ParameterError(f"{ex_path}: cells were added, removed or moved in notebooks/{name}.ipynb; "
                                  f"re-execute it with `python -m sinklib.book run --only {name[:2]}`")
+        src_md = [c for c in src_nb.cells if c.cell_type == "markdown"]
+        ex_md = [c for c in ex_nb.cells if c.cell_type == "markdown"]
         changed = False
         for a, b in zip(src_md, ex_md):
             if a.source != b.source:

@@ -28,14 +28,17 @@ from .params import check_choice, check_float, check_int
 CONDITIONS = ("base", "vl", "text_only", "random")
 
 
-def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = 200, stage2_steps: int = 60,
-                batch_size: int = 32, lr_projector: float = 1e-2, lr_lm: float = 5e-5,
-                lr_projector_stage2: float | None = 5e-5, schedule: str = "constant", weights: str = "") -> dict:
+def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = vl.RECIPE["stage1_steps"],
+                stage2_steps: int = vl.RECIPE["stage2_steps"], batch_size: int = vl.RECIPE["batch_size"],
+                lr_projector: float = vl.RECIPE["lr_projector"], lr_lm: float = vl.RECIPE["lr_lm"],
+                lr_projector_stage2: float | None = vl.RECIPE["lr_projector_stage2"],
+                schedule: str = vl.RECIPE["schedule"], weights: str = "") -> dict:
     """The parameters that identify an adapted pair (validated); `weights` is the base weights hash.
 
-    `lr_projector_stage2=None` keeps `lr_projector` in stage 2; the default uses `lr_lm`'s value, one
-    rate for projector and LM in stage 2 as in LLaVA-1.5.
+    Defaults: `sinklib.vl.RECIPE`. `lr_projector_stage2=None` keeps `lr_projector` in stage 2; the
+    key always holds the resolved rate.
     """
+    lr_projector = check_float("lr_projector", lr_projector, 0.0, 1.0)
     return {
         "model": model, "weights": weights,
         "seed": check_int("seed", seed, 0),
@@ -43,12 +46,17 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
         "stage1_steps": check_int("stage1_steps", stage1_steps, 0, 10**6),
         "stage2_steps": check_int("stage2_steps", stage2_steps, 1, 10**6),
         "batch_size": check_int("batch_size", batch_size, 1, 4096),
-        "lr_projector": check_float("lr_projector", lr_projector, 0.0, 1.0),
+        "lr_projector": lr_projector,
         "lr_lm": check_float("lr_lm", lr_lm, 0.0, 1.0),
-        "lr_projector_stage2": check_float("lr_projector", lr_projector, 0.0, 1.0) if lr_projector_stage2 is None
+        "lr_projector_stage2": lr_projector if lr_projector_stage2 is None
         else check_float("lr_projector_stage2", lr_projector_stage2, 0.0, 1.0),
-        "schedule": check_choice("schedule", schedule, ("constant", "cosine")),
+        "schedule": check_choice("schedule", schedule, vl.SCHEDULES),
     }
+
+
+def vqa_items(n: int, seed: int = 0, image_size: int = 48) -> list:
+    """The held-out VQA questions every condition is scored on (chapters 4 and 6; never trained on)."""
+    return vl.eval_items(n, seed=vl.VQA_EVAL_SEED_OFFSET + seed, image_size=image_size)
 
 
 def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
@@ -187,7 +195,7 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
             vqa = None
             if vqa_n and condition != "text_only" and pair.projector is not None:
                 acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
-                                         vl.eval_items(vqa_n, seed=10_000 + seed, image_size=pair.params["image_size"]))
+                                         vqa_items(vqa_n, seed, pair.params["image_size"]))
                 vqa = [acc, n]
             return {"scores": evals.results_table(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
                     "seconds": {k: r.seconds for k, r in res.items()}}

@@ -16,9 +16,6 @@ SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NAMES = [p.stem for p in SOURCES]
 
 
-def _code(nb):
-    return [c.source.strip() for c in nb.cells if c.cell_type == "code"
-            and "injected-parameters" not in c.metadata.get("tags", [])]
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=NAMES)
@@ -40,7 +37,7 @@ def test_executed_copy_is_fresh(path):
     executed = ROOT / "book" / "chapters" / path.name
     assert executed.exists(), f"run `python -m sinklib.book run --profile full --only {path.stem[:2]}`"
     src, ex = nbformat.read(path, as_version=4), nbformat.read(executed, as_version=4)
-    assert _code(src) == _code(ex), f"{executed} is stale: re-execute {path.name}"
+    assert book.code_sources(src) == book.code_sources(ex), f"{executed} is stale: re-execute {path.name}"
     md = lambda nb: [c.source for c in nb.cells if c.cell_type == "markdown"]  # noqa: E731
     assert md(src) == md(ex), f"{executed}: prose differs from the source; run `python -m sinklib.book sync-text`"
     errors = [o for c in ex.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

@@ -1,4 +1,6 @@
 """Adapted pairs are trained once and then loaded from the cache; evaluations are cached too."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -46,6 +48,33 @@ def test_load_pair_names_the_notebook_when_missing(cache):
     lm.tokenizer = TOK
     with pytest.raises(ResultsMissing, match="04_vl_adaptation"):
         pairs.load_pair(lm, _params())
+
+
+def test_one_recipe_for_pairs_trainings_and_chapter_4():
+    """sinklib.vl.RECIPE is the one definition: pair defaults, training defaults, chapter 4's parameters."""
+    import ast
+    import inspect
+
+    import nbformat
+
+    p = pairs.pair_params("m")
+    assert {k: p[k] for k in vl.RECIPE} == vl.RECIPE
+    sig = inspect.signature(vl.train_vl).parameters
+    assert {k: sig[k].default for k in vl.RECIPE} == vl.RECIPE
+    sig = inspect.signature(vl.train_text_only).parameters
+    assert (sig["steps"].default, sig["lr"].default) == (vl.RECIPE["stage2_steps"], vl.RECIPE["lr_lm"])
+    nb = nbformat.read(Path(__file__).parent.parent / "notebooks" / "04_vl_adaptation.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    values = {t.targets[0].id: ast.literal_eval(t.value) for t in ast.parse(cell.source).body
+              if isinstance(t, ast.Assign)}
+    assert {k: values[k] for k in vl.RECIPE} == vl.RECIPE
+
+
+def test_vqa_items_are_held_out_and_fixed():
+    a, b = pairs.vqa_items(20, seed=0), pairs.vqa_items(20, seed=0)
+    assert [(x.question, x.answer) for x in a] == [(x.question, x.answer) for x in b]
+    train = vl.batch_items(0, 20, seed=0, tag="lm")
+    assert [x.question for x in a] != [x.question for x in train]
 
 
 def test_bad_pair_parameters():

@@ -248,8 +248,8 @@ def test_tiny_model_learns_a_trivial_vqa():
     ln(128) = 4.85 (uniform over the vocabulary) to well under 1 in 40 steps (the answer format is
     learnt; reading the colour from the image takes far longer for a tiny random LM)."""
     model = tiny(seed=1)
-    r = vl.train_vl(model, TOK, stage1_steps=0, stage2_steps=40, batch_size=16, lr_lm=3e-3, seed=0,
-                    qtypes=["colour"], max_shapes=1, progress=False)
+    r = vl.train_vl(model, TOK, stage1_steps=0, stage2_steps=40, batch_size=16, lr_lm=3e-3, lr_projector_stage2=3e-3,
+                    seed=0, qtypes=["colour"], max_shapes=1, progress=False)
     losses = [h["loss"] for h in r.history]
     assert np.mean(losses[:5]) > 3.0
     assert np.mean(losses[-5:]) < 1.0 and np.mean(losses[-5:]) < 0.25 * np.mean(losses[:5])
