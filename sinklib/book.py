@@ -2,10 +2,15 @@
 
     python -m sinklib.book run --profile quick|full|colab [--only 01 02] [--out book/chapters]
     python -m sinklib.book list
+    python -m sinklib.book sync-text
+    python -m sinklib.book set-repo https://github.com/<you>/sinkbook
 
 Each notebook ``notebooks/NN_name.ipynb`` is executed with the parameters of
-``data/profiles/NN_name.yml[profile]`` into ``book/chapters/NN_name.ipynb``. Notebooks write
-their key numbers with ``save_results`` into ``data/results/NN_name.json`` ($SINKBOOK_RESULTS).
+``data/profiles/NN_name.yml[profile]`` into ``book/chapters/NN_name.ipynb``; the values it ran with are
+folded into the executed copy's parameters cell (papermill's separate injected cell is removed), so
+the page shows them and a reader who opens the copy (Colab button) edits the cell that takes effect.
+Notebooks write their key numbers with ``save_results`` into ``data/results/NN_name.json``
+(``sinklib.resources.results_dir``).
 """
 from __future__ import annotations
 
@@ -20,12 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .data import REPO
 from .errors import ParameterError, ResultsMissing
+from .resources import checkout_root, data_path, display_path, results_dir
 
+REPO = checkout_root() or Path.cwd()       # the runner and set-repo need a checkout; see _need_checkout
 NOTEBOOKS = REPO / "notebooks"
 CHAPTERS = REPO / "book" / "chapters"
-PROFILES = REPO / "data" / "profiles"
+PROFILES = data_path("profiles")
 PROFILE_NAMES = ("quick", "full", "colab")
 _T0 = time.perf_counter()
 
@@ -59,14 +65,9 @@ def load_profile(notebook: str, profile: str) -> dict:
 # results and provenance
 
 
-def results_dir() -> Path:
-    """$SINKBOOK_RESULTS, else data/results."""
-    d = Path(os.environ.get("SINKBOOK_RESULTS", REPO / "data" / "results"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 def _git_commit() -> str:
+    if checkout_root() is None:
+        return "installed sinkbook (no git checkout)"
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -126,8 +127,10 @@ def _jsonable(x: Any) -> Any:
 
 
 def save_results(notebook: str, results: dict, params: dict | None = None, models: list | None = None,
-                 seconds: float | None = None) -> Path:
-    """Write data/results/<notebook>.json: results + parameters + provenance. Returns the path.
+                 seconds: float | None = None) -> str:
+    """Write <results folder>/<notebook>.json: results + parameters + provenance.
+
+    Returns the file's path as a page may print it (``data/results/NN.json``, relative; never a machine path).
 
     models: Loaded objects (sinklib.models) or dicts; seconds defaults to the time since this
     kernel imported sinklib.book (about the notebook's run time).
@@ -145,14 +148,14 @@ def save_results(notebook: str, results: dict, params: dict | None = None, model
            "provenance": _jsonable(prov)}
     path = results_dir() / f"{notebook}.json"
     path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
-    return path
+    return display_path(path)
 
 
 def load_results(notebook: str, key: str | None = None) -> dict:
     """Results an earlier notebook wrote (the whole document, or doc['results'][key])."""
     path = results_dir() / f"{notebook}.json"
     if not path.exists():
-        raise ResultsMissing(f"{path} does not exist: run notebooks/{notebook}.ipynb first, for example "
+        raise ResultsMissing(f"{display_path(path)} does not exist: run notebooks/{notebook}.ipynb first, for example "
                              f"`python -m sinklib.book run --profile full --only {notebook[:2]}`")
     doc = json.loads(path.read_text())
     return doc if key is None else doc["results"][key]
@@ -162,16 +165,148 @@ def load_results(notebook: str, key: str | None = None) -> dict:
 # runner
 
 
-def _tag_injected_cell(path: Path) -> None:
-    """Hide papermill's injected-parameters cell on the rendered page (tag it remove-cell)."""
+def _literal(value: Any) -> str:
+    """A parameter value as Python source, strings in double quotes as the notebooks write them."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_literal(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def fold_parameters(source: str, values: dict[str, Any]) -> str:
+    """The parameters cell `source` with the value of each `name = ...` in `values` replaced, comments kept.
+
+    Values equal to the cell's own literal keep their text. A name the cell does not assign is an error
+    (papermill would have injected it silently).
+    """
+    import ast
+
+    tree = ast.parse(source)
+    spans: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            spans[node.targets[0].id] = node.value
+    unknown = sorted(set(values) - set(spans))
+    if unknown:
+        raise ParameterError(f"parameters {unknown} are not assigned in the notebook's parameters cell; "
+                             f"allowed: {', '.join(spans)}")
+    lines = source.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    edits = []
+    for name, value in values.items():
+        node = spans[name]
+        try:
+            if ast.literal_eval(node) == value and type(ast.literal_eval(node)) is type(value):
+                continue
+        except ValueError:
+            pass
+        start = offsets[node.lineno - 1] + len(lines[node.lineno - 1].encode()[:node.col_offset].decode())
+        end = offsets[node.end_lineno - 1] + len(lines[node.end_lineno - 1].encode()[:node.end_col_offset].decode())
+        edits.append((start, end, _literal(value)))
+    for start, end, text in sorted(edits, reverse=True):
+        source = source[:start] + text + source[end:]
+    return source
+
+
+def parameters_cell(nb):
+    """The cell tagged `parameters` (exactly one in every notebook of the book)."""
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ParameterError(f"a notebook of the book has exactly one cell tagged 'parameters'; found {len(cells)}")
+    return cells[0]
+
+
+def fold_injected_cell(path: Path) -> dict:
+    """Fold papermill's injected values into the parameters cell of the executed copy at `path`.
+
+    The separate `injected-parameters` cell is removed, so the visible parameters cell is the one that
+    takes effect when a reader reruns the copy (Colab button); the cell is tagged `hide-input`, so the page
+    shows the parameters folded instead of hiding them. Returns the injected values.
+    """
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    for c in nb.cells:
-        tags = c.get("metadata", {}).get("tags", [])
-        if "injected-parameters" in tags and "remove-cell" not in tags:
-            c["metadata"]["tags"] = tags + ["remove-cell"]
+    values = dict(nb.metadata.get("papermill", {}).get("parameters", {}))
+    cell = parameters_cell(nb)
+    cell.source = fold_parameters(cell.source, values)
+    cell.metadata["tags"] = [t for t in cell.metadata.get("tags", []) if t != "remove-cell"] + ["hide-input"]
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
     nbformat.write(nb, path)
+    return values
+
+
+# ---------------------------------------------------------------------------------------
+# the repository URL: written once, in _config.yml
+
+
+def _need_checkout(what: str) -> Path:
+    root = checkout_root()
+    if root is None:
+        raise ParameterError(f"{what} needs a checkout of the sinkbook repository (git clone it and run from there); "
+                             "an installed sinkbook has no notebooks/ or _config.yml")
+    return root
+
+
+def repository_url() -> str:
+    """``repository.url`` of the book's ``_config.yml``: the launch buttons, the Colab cell and the README use it."""
+    import yaml
+
+    cfg = yaml.safe_load((_need_checkout("repository_url") / "_config.yml").read_text())
+    return str(cfg["repository"]["url"]).rstrip("/")
+
+
+BOOTSTRAP_FIRST_LINE = "# On Colab: install sinklib, the embedded models and the graders. Elsewhere this cell does nothing."
+
+
+def bootstrap_source(url: str) -> str:
+    """The first code cell of every notebook: installs sinkbook from `url` when run on Colab, else nothing."""
+    return f"""{BOOTSTRAP_FIRST_LINE}
+import sys
+
+REPOSITORY = "{url}"  # _config.yml's repository.url; for a fork: python -m sinklib.book set-repo URL
+if "google.colab" in sys.modules:
+    get_ipython().run_line_magic("pip", f"install -q 'sinkbook @ git+{{REPOSITORY}}'")
+    import importlib
+
+    importlib.invalidate_caches()
+    from sinklib.install import install_extras
+
+    install_extras("models", "graders")  # the embedded models and IFEval graders, with --no-deps"""
+
+
+def set_repo(url: str) -> list[str]:
+    """Point the book at another repository (a fork): ``_config.yml``, the README and every notebook's
+    Colab cell (sources and executed copies; the cell does nothing off Colab, so no re-execution is needed).
+    Returns the files changed."""
+    import re
+
+    import nbformat
+
+    url = url.strip().rstrip("/")
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise ParameterError(f"repository URL {url!r} is not of the form https://github.com/<owner>/<name>")
+    root = _need_checkout("set-repo")
+    old = repository_url()
+    changed = []
+    for f in (root / "_config.yml", root / "README.md"):
+        text = f.read_text()
+        if old in text and old != url:
+            f.write_text(text.replace(old, url))
+            changed.append(f.name)
+    for f in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((root / "book").rglob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(f, as_version=4)
+        cell = next(c for c in nb.cells if c.cell_type == "code")
+        if cell.source != bootstrap_source(url):
+            cell.source = bootstrap_source(url)
+            nbformat.write(nb, f)
+            changed.append(str(f.relative_to(root)))
+    return changed
 
 
 def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kernel: str = "python3",
@@ -179,6 +314,7 @@ def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kerne
     """Execute notebooks with a profile into `out`; returns seconds per notebook."""
     import papermill as pm
 
+    _need_checkout("python -m sinklib.book run")
     names = notebook_names()
     if only:
         sel = [n for n in names if any(n.startswith(o) or n == o for o in only)]
@@ -197,17 +333,33 @@ def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kerne
         pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
                             kernel_name=kernel, language="python", cwd=str(REPO), progress_bar=sys.stderr.isatty(),
                             log_output=log_output)
-        _tag_injected_cell(out / f"{name}.ipynb")
+        fold_injected_cell(out / f"{name}.ipynb")
         times[name] = round(time.perf_counter() - t0, 1)
         print(f"    done in {times[name]:.1f} s", flush=True)
     print(f"total {sum(times.values()):.1f} s for {len(times)} notebook(s)", flush=True)
     return times
 
 
-def code_sources(nb) -> list[str]:
-    """The code of a notebook's cells, papermill's injected-parameters cell left out (freshness checks)."""
-    return [c.source.strip() for c in nb.cells if c.cell_type == "code"
-            and "injected-parameters" not in c.metadata.get("tags", [])]
+def code_sources(nb, fold: dict[str, Any] | None = None) -> list[str]:
+    """The code of a notebook's cells (freshness checks); papermill's injected-parameters cell left out.
+
+    `fold`: parameter values to fold into the parameters cell first (a source notebook compared with an
+    executed copy, whose values are in ``nb.metadata.papermill.parameters``).
+    """
+    out = []
+    for c in nb.cells:
+        if c.cell_type != "code" or "injected-parameters" in c.metadata.get("tags", []):
+            continue
+        src = c.source
+        if fold is not None and "parameters" in c.metadata.get("tags", []):
+            src = fold_parameters(src, fold)
+        out.append(src.strip())
+    return out
+
+
+def executed_parameters(nb) -> dict[str, Any]:
+    """The parameter values an executed copy ran with (papermill's record in its metadata)."""
+    return dict(nb.metadata.get("papermill", {}).get("parameters", {}))
 
 
 def _cell_kinds(nb) -> list[str]:
@@ -227,7 +379,7 @@ def sync_text(names: list[str] | None = None, out: Path = CHAPTERS) -> list[str]
         src_nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         ex_path = Path(out) / f"{name}.ipynb"
         ex_nb = nbformat.read(ex_path, as_version=4)
-        if code_sources(src_nb) != code_sources(ex_nb):
+        if code_sources(src_nb, fold=executed_parameters(ex_nb)) != code_sources(ex_nb):
             raise ParameterError(f"{ex_path}: code cells differ from notebooks/{name}.ipynb; re-execute it with "
                                  f"`python -m sinklib.book run --only {name[:2]}`")
         if _cell_kinds(src_nb) != _cell_kinds(ex_nb):
@@ -258,7 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="list notebooks and their profiles")
     t = sub.add_parser("sync-text", help="copy edited markdown from notebooks/ into the executed copies")
     t.add_argument("--only", nargs="*", help="notebook names (default: all)")
+    s = sub.add_parser("set-repo", help="point _config.yml, the README and the Colab cells at a fork")
+    s.add_argument("url", help="https://github.com/<owner>/<name>")
     a = ap.parse_args(argv)
+    if a.cmd == "set-repo":
+        print("changed:", ", ".join(set_repo(a.url)) or "nothing")
+        return 0
     if a.cmd == "sync-text":
         names = [n for n in notebook_names() if not a.only or any(n.startswith(o) for o in a.only)]
         print("updated:", ", ".join(sync_text(names)) or "nothing")

@@ -1,29 +1,22 @@
-"""Repository paths and the calibration prompts."""
+"""The calibration prompts (shipped with sinklib: ``data/calibration_prompts.jsonl``)."""
 from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 from .errors import ParameterError
 from .params import check_int
+from .resources import data_path
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "data"
-PROMPTS_FILE = DATA / "calibration_prompts.jsonl"
-
-
-def repo_root() -> Path:
-    """The repository root (the book root)."""
-    return REPO
+PROMPTS_FILE = data_path("calibration_prompts.jsonl")
 
 
 def all_prompts() -> list[dict]:
     """Every calibration prompt record: {"id", "domain", "kind", "text"}."""
-    rows = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in PROMPTS_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
     for r in rows:
         if not str(r.get("text", "")).strip():
-            raise ParameterError(f"calibration prompt {r.get('id')!r} in {PROMPTS_FILE} is empty")
+            raise ParameterError(f"calibration prompt {r.get('id')!r} in {PROMPTS_FILE.name} is empty")
     return rows
 
 

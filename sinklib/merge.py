@@ -1,6 +1,6 @@
 """Merging a VLM's language backbone back towards its reference LLM, and QK-RMSNorm injection.
 
-Two negative controls of the paper (paper-facts.md, "Controls reported"):
+Two negative controls of the paper (the book's page of reported numbers, "negative control"):
 
 1. **Seven merging settings** that pull the adapted (VL-fine-tuned) backbone theta_a back
    towards its reference LLM theta_b. With the task vector tau = theta_a - theta_b

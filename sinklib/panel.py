@@ -36,7 +36,6 @@ import csv
 import itertools
 import json
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,14 +46,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .data import DATA
+from .resources import data_path, results_dir as _default_results_dir
 from .errors import PanelError
 from .plots import QK_NORM_COLORS
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("pair", "vlm", "llm", "S", "qk_norm", "source")
 TASK_PREFIX = "delta_"
 QK_NORM_TYPES: tuple[str, ...] = ("none", "per_head", "layerwise")
-PAPER_CSV: Path = DATA / "paper_reported.csv"
+PAPER_CSV: Path = data_path("paper_reported.csv")
 QK_PALETTE: dict[str, str] = QK_NORM_COLORS  # the book's colours, from sinklib.plots
 _ALTERNATIVES = ("two-sided", "greater", "less")
 _FISHER_SE = ("bonett-wright", "fieller", "pearson")
@@ -191,14 +190,13 @@ def read_panel(path: str | Path | None = None, *, min_rows: int = 0) -> pd.DataF
 def _results_dir(results_dir: str | Path | None) -> Path:
     if results_dir is not None:
         return Path(results_dir)
-    env = os.environ.get("SINKBOOK_RESULTS")
-    return Path(env) if env else DATA / "results"
+    return _default_results_dir(create=False)
 
 
 def collect_panel_rows(results_dir: str | Path | None = None) -> pd.DataFrame:
     """All measured pairs: ``results.panel_rows`` of every ``*.json`` in the results folder.
 
-    The folder is ``results_dir``, else ``$SINKBOOK_RESULTS``, else ``data/results``. Files
+    The folder is ``results_dir``, else ``sinklib.resources.results_dir()``. Files
     without ``panel_rows`` are skipped; a ``results_file`` column names each row's file.
     Returns an empty frame with the schema columns when there are no rows; the rows found
     are validated (PanelError names the file on a malformed JSON or a bad row).

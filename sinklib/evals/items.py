@@ -7,10 +7,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..data import DATA
+from ..resources import data_path
 from ..errors import ModelNotAvailable, ParameterError
 
-EVALS = DATA / "evals"
+EVALS = data_path("evals")
 FILES = {
     "instructions": EVALS / "instructions.jsonl",
     "instructions_fewshot": EVALS / "instructions_fewshot.jsonl",
