@@ -1,0 +1,185 @@
+"""Open every page of the built book in headless Chromium and check it as a reader would see it.
+
+    .venv/bin/python scripts/browser_check.py [_build/html]     # prints one line per page, exits 1 on a problem
+
+Per page of the table of contents, at 1280 px wide: it loads without console errors of ours (messages about
+remote http(s) resources are ignored: the book is read offline); every internal link and image resolves;
+every figure in a chapter's output is followed by a caption ("Figure N.k."); math is rendered by MathJax (no
+raw TeX delimiters left); no table or display equation is wider than the content column. A screenshot of
+every page (1280 px and a 390 px phone width) goes to ``_build/screenshots/``. Chromium is Debian's package
+(``/usr/bin/chromium``), driven by Playwright without downloading a browser.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+PAGE_JS = r"""
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  const col = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const colW = col.getBoundingClientRect().width;
+  const wide = [];
+  for (const t of col.querySelectorAll('table')) {
+    const w = Math.max(t.scrollWidth, t.getBoundingClientRect().width);
+    if (w > colW + 2) wide.push('table ' + Math.round(w) + ' px: ' + t.innerText.slice(0, 60).replace(/\s+/g, ' '));
+  }
+  for (const m of col.querySelectorAll('mjx-container[display="true"]')) {
+    const box = m.closest('div.math') || m.parentElement;
+    const w = m.scrollWidth;
+    if (w > colW + 2 || m.scrollWidth > m.clientWidth + 2) wide.push('equation ' + Math.round(w) + ' px');
+  }
+  const text = col.innerText;
+  const rawMath = [];
+  for (const pat of ['\\(', '\\[', '$$']) { if (text.includes(pat)) rawMath.push(pat); }
+  const uncaptioned = [];
+  const cells = [...col.querySelectorAll('div.cell')];
+  cells.forEach((c, i) => {
+    if (!c.querySelector('.cell_output img')) return;
+    let next = c.nextElementSibling;
+    while (next && next.matches('script, style')) next = next.nextElementSibling;
+    const t = next ? next.innerText.trim() : '';
+    if (!/^Figure\s+[\w.]+/.test(t)) uncaptioned.push('cell ' + i + ' followed by: ' + t.slice(0, 60));
+  });
+  for (const f of col.querySelectorAll('figure')) {
+    if (!f.querySelector('figcaption')) uncaptioned.push('figure without figcaption');
+  }
+  const badImages = [...document.images].filter(im => !(im.complete && im.naturalWidth > 0)).map(im => im.src);
+  const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
+  return {colW, wide, rawMath, uncaptioned, badImages, links, mathCount: col.querySelectorAll('mjx-container').length};
+}
+"""
+
+
+@dataclass
+class PageReport:
+    page: str
+    problems: list[str] = field(default_factory=list)
+    math: int = 0
+    links: int = 0
+
+
+def toc_pages(root: Path = ROOT) -> list[str]:
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                pages.append(e["file"])
+            walk(e.get("sections"))
+            walk(e.get("chapters"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return pages
+
+
+def chromium() -> str | None:
+    for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if c and Path(c).exists():
+            return c
+    return None
+
+
+_IDS: dict[Path, set[str]] = {}
+
+
+def _ids(path: Path) -> set[str]:
+    if path not in _IDS:
+        _IDS[path] = set(re.findall(r'\bid="([^"]+)"', path.read_text(errors="replace")))
+    return _IDS[path]
+
+
+def _link_problem(page_file: Path, href: str) -> str | None:
+    if re.match(r"^(https?:|mailto:|javascript:|data:)", href) or href.startswith("//"):
+        return None
+    url = urljoin(page_file.as_uri(), href)
+    u = urlparse(url)
+    target = Path(unquote(u.path))
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.exists():
+        return f"broken link {href}"
+    if u.fragment and target.suffix == ".html" and unquote(u.fragment) not in _ids(target):
+        return f"broken anchor {href}"
+    return None
+
+
+def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = None) -> list[PageReport]:
+    """Open each page; returns one report per page (empty `problems` = the page passed)."""
+    from playwright.sync_api import sync_playwright
+
+    exe = chromium()
+    if exe is None:
+        raise RuntimeError("Chromium is not installed (Debian: apt-get install chromium)")
+    shots = shots or html.parent / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    reports = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS, headless=True)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+        for name in pages or toc_pages():
+            rep = PageReport(name)
+            f = html / f"{name}.html"
+            if not f.exists():
+                rep.problems.append("page not built")
+                reports.append(rep)
+                continue
+            page = ctx.new_page()
+            errors: list[str] = []
+            page.on("console", lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            page.goto(f.as_uri(), wait_until="load")
+            res = page.evaluate(PAGE_JS)
+            # not ours: failed remote requests (read offline), and the theme's note on an empty stored colour mode
+            ours = [e for e in errors if not re.search(r"https?://|ERR_(INTERNET|NAME|CONNECTION|NETWORK)|"
+                                                       r"Got invalid theme mode", e)]
+            rep.problems += [f"console error: {e[:200]}" for e in ours]
+            rep.problems += [f"too wide for the {res['colW']:.0f} px column: {w}" for w in res["wide"]]
+            rep.problems += [f"raw TeX delimiter {m!r} left in the text" for m in res["rawMath"]]
+            rep.problems += [f"figure without caption: {u}" for u in res["uncaptioned"]]
+            rep.problems += [f"image does not load: {b}" for b in res["badImages"]]
+            rep.problems += sorted({p for h in res["links"] if (p := _link_problem(f, h))})
+            rep.math, rep.links = res["mathCount"], len(res["links"])
+            safe = name.replace("/", "__")
+            page.screenshot(path=str(shots / f"{safe}.png"), full_page=True)
+            page.close()
+            mob = phone.new_page()
+            mob.goto(f.as_uri(), wait_until="load")
+            mob.screenshot(path=str(shots / f"{safe}.phone.png"), full_page=False)
+            mob.close()
+            reports.append(rep)
+        browser.close()
+    return reports
+
+
+def main(argv: list[str]) -> int:
+    html = Path(argv[0]) if argv else ROOT / "_build" / "html"
+    t0 = time.perf_counter()
+    reports = check_book(html)
+    for r in reports:
+        print(f"{'ok  ' if not r.problems else 'FAIL'} {r.page}  ({r.links} links, {r.math} formulas)")
+        for p in r.problems:
+            print("     ", p)
+    bad = sum(bool(r.problems) for r in reports)
+    print(f"{len(reports)} pages, {bad} with problems, {time.perf_counter() - t0:.0f} s; "
+          f"screenshots in {html.parent / 'screenshots'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""The executed pages print no machine paths and no warnings (#10)."""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXECUTED = sorted((ROOT / "book" / "chapters").glob("[0-9][0-9]_*.ipynb"))
+MACHINE_PATH = re.compile(r"(?<![\w.])/(root|home|tmp|work|Users|var/folders|content)/|site-packages|PosixPath\(|WindowsPath\(")
+WARNING = re.compile(r"\b\w*Warning\b|\bWARNING\b|warnings\.warn")
+
+
+def _texts(cell):
+    for o in cell.get("outputs", []):
+        if o.output_type == "stream":
+            yield o.name, o.text
+        elif o.output_type in ("execute_result", "display_data"):
+            for mime, data in o.get("data", {}).items():
+                if mime.startswith("text/") and mime != "text/html" or mime == "text/html":
+                    yield mime, data if isinstance(data, str) else "".join(data)
+        elif o.output_type == "error":
+            yield "error", "\n".join(o.traceback)
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=[p.stem for p in EXECUTED])
+def test_no_machine_paths_or_warnings_in_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    for i, c in enumerate(nb.cells):
+        for kind, text in _texts(c):
+            m = MACHINE_PATH.search(text)
+            assert not m, f"{path.name} cell {i} ({kind}) prints a machine path: ...{text[max(0, m.start() - 80):m.end() + 80]}..."
+            w = WARNING.search(text) if kind in ("stderr", "stdout") else None
+            assert not w, f"{path.name} cell {i} ({kind}) prints a warning: ...{text[max(0, w.start() - 80):w.end() + 120]}..."
+        if c.cell_type == "code":
+            assert not c.outputs or all(o.get("name") != "stderr" for o in c.outputs), \
+                f"{path.name} cell {i} writes to stderr: {[o.get('text', '')[:200] for o in c.outputs if o.get('name') == 'stderr']}"
+
+
+def test_the_pattern_catches_what_it_should():
+    for bad in ("PosixPath('/x/data/results/01.json')", "/root/.cache/x", "/tmp/pytest-1/r", "/work/main/data",
+                ".venv/lib/python3.11/site-packages/tqdm/auto.py"):
+        assert MACHINE_PATH.search(bad), bad
+    for ok in ("data/results/01.json", "$SINKBOOK_RESULTS/01.json", "a/tmp/b", "2/3 of heads"):
+        assert not MACHINE_PATH.search(ok), ok
+    assert WARNING.search("UserWarning: IProgress not found")
