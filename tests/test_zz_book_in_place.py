@@ -1,28 +1,67 @@
-"""The book builds in place with warnings as errors, after every other test has run (file named to run last).
+"""The book builds in place with warnings as errors, after every other test has run (file named to run last),
+and every page passes the real-browser checks.
 
 The tests leave tool caches in the book root (.pytest_cache, .hypothesis, ...); `make test` followed by
 `make book` must still build, so this builds the real checkout, not a copy.
 """
+import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("browser_check", ROOT / "scripts" / "browser_check.py")
+browser_check = importlib.util.module_from_spec(_spec)
+sys.modules["browser_check"] = browser_check
+_spec.loader.exec_module(browser_check)
 
 
-@pytest.mark.slow
-def test_book_builds_in_place_without_warnings():
+@pytest.fixture(scope="module")
+def built_book():
     (ROOT / ".pytest_cache").mkdir(exist_ok=True)   # as left by pytest itself, whatever its cache settings
     jb = Path(sys.executable).parent / "jupyter-book"
     r = subprocess.run([str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"], capture_output=True, text=True,
                        timeout=900)
+    return r, ROOT / "_build" / "html"
+
+
+@pytest.mark.slow
+def test_book_builds_in_place_without_warnings(built_book):
+    r, html = built_book
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    html = ROOT / "_build" / "html"
     assert (html / "index.html").exists()
-    toc = (ROOT / "_toc.yml").read_text()
-    for line in toc.splitlines():
-        if "file:" in line:
-            page = line.split("file:")[1].strip()
-            assert (html / f"{page}.html").exists(), f"{page} was not built"
+    for page in browser_check.toc_pages():
+        assert (html / f"{page}.html").exists(), f"{page} was not built"
+
+
+@pytest.mark.slow
+def test_every_page_in_a_real_browser(built_book):
+    """Headless Chromium opens every page: no console errors of ours, links and images resolve, figures have
+    captions, math rendered offline, nothing wider than the content column; screenshots in _build/screenshots."""
+    r, html = built_book
+    if r.returncode != 0:
+        pytest.skip("the book did not build (see test_book_builds_in_place_without_warnings)")
+    if browser_check.chromium() is None:
+        pytest.skip("Chromium is not installed: `make setup` installs Debian's chromium where apt-get may run "
+                    "(root or passwordless sudo); elsewhere install chromium and rerun")
+    t0 = time.perf_counter()
+    reports = browser_check.check_book(html)
+    bad = {rep.page: rep.problems for rep in reports if rep.problems}
+    assert not bad, "\n".join(f"{p}:\n  " + "\n  ".join(v) for p, v in bad.items())
+    assert len(reports) == len(browser_check.toc_pages())
+    print(f"browser checks: {len(reports)} pages in {time.perf_counter() - t0:.0f} s")
+
+
+def test_browser_checker_finds_problems(tmp_path):
+    """The checker's link logic on a small fake book (no browser needed)."""
+    (tmp_path / "a.html").write_text('<p id="here">x</p>')
+    page = tmp_path / "b.html"
+    page.write_text("")
+    assert browser_check._link_problem(page, "a.html#here") is None
+    assert browser_check._link_problem(page, "a.html#gone") == "broken anchor a.html#gone"
+    assert browser_check._link_problem(page, "missing.html") == "broken link missing.html"
+    assert browser_check._link_problem(page, "https://example.org/x") is None
+    assert browser_check.toc_pages()[0] == "book/intro"
