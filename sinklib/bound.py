@@ -7,9 +7,9 @@ D = H * dh (the width a layerwise QK-norm normalises over), Tq = T - query_start
 The three QK-normalisation variants (``QKSpec.norm``):
 
 * ``"none"``  (Llama, SmolLM2, Qwen2.5): q = W_Q x, k = W_K x.
-* ``"head"``  (Qwen3, Gemma-3): each head's query/key is RMS-normalised on its own,
+* ``"per_head"``  (Qwen3, Gemma-3): each head's query/key is RMS-normalised on its own,
   q_h = g_q * N(W_Q,h x) with N(v) = v / sqrt(mean(v^2) + eps) over the dh entries.
-* ``"layer"`` (OLMo-2, Olmo-3): one RMS over all heads concatenated,
+* ``"layerwise"`` (OLMo-2, Olmo-3): one RMS over all heads concatenated,
   q = g_q * N(W_Q x) over the D entries, then split into heads.
 
 Gains ``gq``/``gk`` are the *effective* multiplicative gains (Gemma's RMSNorm multiplies by
@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from .anatomy import QK_NORM_TYPES
 from .errors import AttentionError, ParameterError
+from .params import COMMON, Dependent, check_float, integer, list_of, number, text
 
-Norm = Literal["none", "head", "layer"]
-VARIANTS: tuple[str, ...] = ("none", "head", "layer")
+VARIANTS: tuple[str, ...] = QK_NORM_TYPES  # none, per_head, layerwise (sinklib.anatomy)
 COMPETITORS: tuple[str, ...] = ("max", "lse")
 
 
@@ -122,7 +123,7 @@ def _gain(g: Tensor | None, n_heads: int, spec: QKSpec, what: str, like: Tensor)
     if g is None:
         return torch.ones(n_heads, dh, dtype=like.dtype, device=like.device)
     g = g.to(like.dtype)
-    if spec.norm == "head" and g.shape == (dh,):
+    if spec.norm == "per_head" and g.shape == (dh,):
         return g.expand(n_heads, dh)
     if g.shape == (n_heads, dh):
         return g
@@ -144,10 +145,10 @@ def project(x: Tensor, w: Tensor, n_heads: int, spec: QKSpec, g: Tensor | None =
     u = x @ w.T
     if b is not None:
         u = u + b
-    if spec.norm == "layer":
+    if spec.norm == "layerwise":
         u = rms_normalize(u, spec.eps)
     u = u.view(T, n_heads, dh).transpose(0, 1)  # [n_heads, T, dh]
-    if spec.norm == "head":
+    if spec.norm == "per_head":
         u = rms_normalize(u, spec.eps)
     if spec.norm != "none":
         u = u * _gain(g, n_heads, spec, "gain", u)[:, None, :]
@@ -247,7 +248,7 @@ def normalised_change_bound(u_norm: Tensor, du_bound: Tensor, dim: int, eps: flo
 def spectral_norm(a: Tensor) -> Tensor:
     """Largest singular value of a matrix or a batch of matrices. [..., m, n] -> [...].
 
-    Computed as sqrt(largest eigenvalue of the smaller Gram matrix): 2-5x faster than an SVD and,
+    Computed as sqrt(largest eigenvalue of the smaller Gram matrix): cheaper than an SVD and,
     in float64, within about 1e-15 relative of torch.linalg.matrix_norm(a, ord=2). Under autograd the
     SVD route is used (eigvalsh's gradient is undefined at repeated eigenvalues, e.g. zero blocks).
     """
@@ -293,7 +294,7 @@ def norm_and_change_bounds(x: Tensor, w: Tensor, dw: Tensor, n_heads: int, spec:
         return n, beta_h
     gain = _gain(g, n_heads, spec, "gain", x)               # [n_heads, dh]
     gmax = gain.abs().amax(-1)[:, None]                     # [n_heads, 1]
-    if spec.norm == "head":
+    if spec.norm == "per_head":
         n = (gain[:, None, :] * rms_normalize(uh, spec.eps)).norm(dim=-1)
         lip = normalised_change_bound(uh.norm(dim=-1), beta_h, dh, spec.eps)
         delta = torch.minimum(gmax * lip, n + gmax * math.sqrt(dh))
@@ -366,391 +367,26 @@ def first_order_gap_bound(x: Tensor, wq: Tensor, wk: Tensor, dwq: Tensor, dwk: T
 
 
 # ---------------------------------------------------------------------------------------
-# instances: random directions, random layers, real layers
+# the parameters of chapter 3
 
-def random_direction(w: Tensor, rel: float, generator: torch.Generator | None = None, norm: str = "spectral") -> Tensor:
-    """A Gaussian direction dW with ||dW|| = rel * ||W||, in the spectral ("spectral") or Frobenius
-    ("fro") norm. w [m, d] -> [m, d]."""
-    if not (rel >= 0 and math.isfinite(rel)):
-        raise ParameterError(f"relative change got {rel!r}; allowed: a finite number >= 0")
-    if norm not in ("spectral", "fro"):
-        raise ParameterError(f"norm got {norm!r}; allowed: 'spectral', 'fro'")
-    z = torch.randn(w.shape, generator=generator, dtype=w.dtype).to(w.device)
-    f = spectral_norm if norm == "spectral" else torch.linalg.norm
-    return z * (rel * f(w) / f(z))
+def _in_rel_changes(name: str, value: Any, p: dict) -> float:
+    value = check_float(name, value, 1e-12, 10.0)
+    if value not in p["rel_changes"]:
+        raise ParameterError(f"parameter {name!r} got {value!r}; allowed: one of rel_changes {p['rel_changes']}")
+    return value
 
 
-def _logu(gen: torch.Generator, lo: float, hi: float) -> float:
-    return float(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * torch.rand((), generator=gen).item()))
+CHAPTER3_PARAMS = {
+    **COMMON, "seed": integer(0), "n_draws": integer(1), "scale_min": number(1e-8),
+    "scale_max": Dependent(lambda n, v, p: check_float(n, v, p["scale_min"])), "rel_min": number(1e-12),
+    "rel_max": Dependent(lambda n, v, p: check_float(n, v, p["rel_min"], 10.0)), "n_adversarial": integer(0),
+    "adversarial_steps": integer(1), "n_sweep_scales": integer(3), "n_sweep_instances": integer(1),
+    "sweep_rel": number(1e-12, 10.0), "remark_heads": integer(2, 64), "remark_draws": integer(1),
+    "remark_rel": number(1e-12, 10.0), "models": list_of(text()), "n_prompts": integer(1),
+    "max_tokens": integer(4, 512), "layer_stride": integer(1), "rel_changes": list_of(number(1e-12, 10.0)),
+    "n_directions": integer(1), "sensitivity_rel": Dependent(_in_rel_changes), "device": text()}
 
 
-def _randint(gen: torch.Generator, lo: int, hi: int) -> int:
-    return int(torch.randint(lo, hi + 1, (), generator=gen).item())
-
-
-DIRECTION_KINDS: tuple[str, ...] = ("gaussian", "rank_one_top", "scaled_copy", "single_head")
-
-
-@dataclass
-class Instance:
-    """One attention layer (weights, inputs, a weight change) for the bound checks."""
-
-    x: Tensor                  # [T, d]
-    wq: Tensor                 # [H*dh, d]
-    wk: Tensor                 # [Hkv*dh, d]
-    dwq: Tensor                # [H*dh, d]
-    dwk: Tensor                # [Hkv*dh, d]
-    spec: QKSpec
-    gq: Tensor | None = None   # effective gains
-    gk: Tensor | None = None
-    rope: tuple[Tensor, Tensor] | None = None
-    info: dict = field(default_factory=dict)
-
-    def kwargs(self) -> dict:
-        """The keyword arguments shared by gap_change and gap_change_bound."""
-        return dict(x=self.x, wq=self.wq, wk=self.wk, dwq=self.dwq, dwk=self.dwk, spec=self.spec,
-                    gq=self.gq, gk=self.gk, rope=self.rope)
-
-
-def _direction(kind: str, w: Tensor, n_heads: int, dh: int, rel: float, gen: torch.Generator) -> Tensor:
-    if kind == "gaussian":
-        z = torch.randn(w.shape, generator=gen, dtype=w.dtype)
-    elif kind == "rank_one_top":     # along the top singular pair: moves the largest logits most
-        U, S, Vh = torch.linalg.svd(w, full_matrices=False)
-        z = torch.outer(U[:, 0], Vh[0]) * (1 if torch.rand((), generator=gen) < 0.5 else -1)
-    elif kind == "scaled_copy":      # dW = +-rel*W: a pure rescaling (invisible to per-head norm)
-        z = w.clone() * (1 if torch.rand((), generator=gen) < 0.5 else -1)
-    elif kind == "single_head":      # only one head's block moves
-        z = torch.zeros_like(w)
-        h = _randint(gen, 0, n_heads - 1)
-        z[h * dh:(h + 1) * dh] = torch.randn(dh, w.shape[1], generator=gen, dtype=w.dtype)
-    else:
-        raise ParameterError(f"direction kind got {kind!r}; allowed: {', '.join(DIRECTION_KINDS)}")
-    return z * (rel * spectral_norm(w) / spectral_norm(z))
-
-
-def random_instance(generator: torch.Generator, norm: str, scale: float, rel_change: float,
-                    direction: str | None = None, dtype: torch.dtype = torch.float64,
-                    sizes: dict | None = None) -> Instance:
-    """A random attention layer for stress tests. Everything is drawn from ``generator``.
-
-    Sizes (unless given in ``sizes``): d in [4, 48], dh in {2, 4, 8, 16}, H in [1, 6], Hkv a divisor
-    of H, T in [3, 20]. Inputs: Gaussian rows of norm ~``scale`` times per-token factors in
-    [0.1, 10]; the sink row (0) carries a massive activation (a few coordinates multiplied by up to
-    100). Weights: anisotropic (column scales in [0.1, 10]); for "layer" each head gets its own raw
-    scale in [0.03, 1] (the situation of Remark 1). Gains ~ 1 + 0.5 N(0, 1) (some negative).
-    eps in {0, 1e-6, 1e-3}; RoPE on in half the draws. The change has spectral norm
-    ``rel_change`` times the weight's, along a direction of kind ``direction`` (random if None).
-    """
-    if norm not in VARIANTS:
-        raise ParameterError(f"norm got {norm!r}; allowed: {', '.join(VARIANTS)}")
-    g = generator
-    s = dict(sizes or {})
-    d = s.get("d", _randint(g, 4, 48))
-    dh = s.get("dh", [2, 4, 8, 16][_randint(g, 0, 3)])
-    H = s.get("H", _randint(g, 1, 6))
-    divisors = [k for k in range(1, H + 1) if H % k == 0]
-    Hkv = s.get("Hkv", divisors[_randint(g, 0, len(divisors) - 1)])
-    T = s.get("T", _randint(g, 3, 20))
-    eps = s.get("eps", [0.0, 1e-6, 1e-3][_randint(g, 0, 2)])
-    use_rope = s.get("rope", bool(torch.rand((), generator=g) < 0.5))
-
-    x = torch.randn(T, d, generator=g, dtype=dtype) / math.sqrt(d)
-    x = x * torch.exp(torch.empty(T, 1, dtype=dtype).uniform_(math.log(0.1), math.log(10), generator=g))
-    k = max(1, d // 8)
-    idx = torch.randperm(d, generator=g)[:k]
-    x[0, idx] = x[0, idx] * _logu(g, 1.0, 100.0)
-    x = x * scale
-
-    def weight(n_heads: int) -> Tensor:
-        w = torch.randn(n_heads * dh, d, generator=g, dtype=dtype) / math.sqrt(d)
-        w = w * torch.exp(torch.empty(1, d, dtype=dtype).uniform_(math.log(0.1), math.log(10), generator=g))
-        if norm == "layer":
-            hs = torch.exp(torch.empty(n_heads, dtype=dtype).uniform_(math.log(0.03), math.log(1.0), generator=g))
-            w = w * hs.repeat_interleave(dh)[:, None]
-        return w
-
-    wq, wk = weight(H), weight(Hkv)
-    kinds = DIRECTION_KINDS
-    kq = direction or kinds[_randint(g, 0, len(kinds) - 1)]
-    kk = direction or kinds[_randint(g, 0, len(kinds) - 1)]
-    dwq = _direction(kq, wq, H, dh, rel_change, g)
-    dwk = _direction(kk, wk, Hkv, dh, rel_change, g)
-    if direction is None and torch.rand((), generator=g) < 0.2:  # sometimes only one matrix moves
-        (dwq if torch.rand((), generator=g) < 0.5 else dwk).zero_()
-    gq = gk = None
-    if norm != "none":
-        width_q = dh if norm == "head" else H * dh
-        width_k = dh if norm == "head" else Hkv * dh
-        gq = 1 + 0.5 * torch.randn(width_q, generator=g, dtype=dtype)
-        gk = 1 + 0.5 * torch.randn(width_k, generator=g, dtype=dtype)
-    spec = QKSpec(norm, H, Hkv, dh, scaling=1 / math.sqrt(dh), eps=eps)
-    rope = rope_tables(T, dh, base=_logu(g, 10.0, 1e4), dtype=dtype) if use_rope else None
-    return Instance(x, wq, wk, dwq, dwk, spec, gq, gk, rope,
-                    info=dict(d=d, dh=dh, H=H, Hkv=Hkv, T=T, eps=eps, rope=use_rope, scale=scale,
-                              rel_change=rel_change, direction_q=kq, direction_k=kk))
-
-
-def planted_sink_layer(generator: torch.Generator, head_scales: Tensor, d: int = 64, head_dim: int = 16,
-                       T: int = 48, sink_strength: float = 3.0, planted: float = 2.0,
-                       dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """A layer whose heads share one sink but differ in raw norm (the setting of Remark 1).
-
-    Tokens x_j = z_j / sqrt(d) + mu (a shared mean direction mu); the sink token adds
-    ``sink_strength`` * m (m orthogonal to mu). Every head's key map sends m towards its mean query
-    direction W_Q,h mu (weight ``planted``), so all heads attend to the sink. Head h's blocks of W_Q
-    and W_K are multiplied by head_scales[h]. head_scales [H] -> x [T, d], wq [H*dh, d], wk [H*dh, d]
-    (no GQA: Hkv = H).
-    """
-    g, H, dh = generator, head_scales.numel(), head_dim
-    mu = torch.randn(d, generator=g, dtype=dtype)
-    mu = mu / mu.norm()
-    m = torch.randn(d, generator=g, dtype=dtype)
-    m = m - (m @ mu) * mu
-    m = m / m.norm()
-    x = torch.randn(T, d, generator=g, dtype=dtype) / math.sqrt(d) + mu
-    x[0] = x[0] + sink_strength * m
-    wq = torch.randn(H, dh, d, generator=g, dtype=dtype) / math.sqrt(d)
-    wk = torch.randn(H, dh, d, generator=g, dtype=dtype) / math.sqrt(d)
-    qbar = wq @ mu                                            # [H, dh]
-    wk = wk + planted * (qbar / qbar.norm(dim=-1, keepdim=True))[:, :, None] * m[None, None, :]
-    s = head_scales.to(dtype)[:, None, None]
-    return x, (s * wq).reshape(H * dh, d), (s * wk).reshape(H * dh, d)
-
-
-def logit_range(logits: Tensor) -> Tensor:
-    """Largest minus smallest causally visible logit of each head. [..., T, T] -> [...]."""
-    T = logits.shape[-1]
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=logits.device))
-    hi = logits.masked_fill(~causal, float("-inf")).amax((-1, -2))
-    lo = logits.masked_fill(~causal, float("inf")).amin((-1, -2))
-    return hi - lo
-
-
-def check_instance(inst: Instance, sink: int = 0, query_start: int = 1) -> dict:
-    """Actual |gap change| (both competitors) and the bound for one instance.
-
-    -> {"actual_max", "actual_lse", "bound"}: tensors [H, Tq]; "ratio": max over heads/queries and
-    both competitors of actual / bound (0 where the bound is 0 and so is the change).
-    """
-    kw = inst.kwargs()
-    ch = gap_changes(**kw, sink=sink, query_start=query_start)
-    a_max, a_lse = ch["max"].abs(), ch["lse"].abs()
-    bnd = gap_change_bound(**kw, sink=sink, query_start=query_start)
-    act = torch.maximum(a_max, a_lse)
-    ratio = torch.where(bnd > 0, act / bnd, torch.where(act > 0, torch.full_like(act, float("inf")), torch.zeros_like(act)))
-    return {"actual_max": a_max, "actual_lse": a_lse, "bound": bnd, "ratio": float(ratio.max())}
-
-
-def worst_direction(inst: Instance, steps: int = 100, lr: float = 0.05, sink: int = 0, query_start: int = 1,
-                    competitor: str = "max") -> tuple[float, Instance]:
-    """Gradient ascent on actual / bound over the directions of dW_Q, dW_K (their spectral norms held
-    fixed): an adversary looking for a violation. -> (best ratio found, the instance attaining it)."""
-    rq = float(torch.linalg.matrix_norm(inst.dwq, ord=2))
-    rk = float(torch.linalg.matrix_norm(inst.dwk, ord=2))
-    pq = inst.dwq.clone().requires_grad_(rq > 0)
-    pk = inst.dwk.clone().requires_grad_(rk > 0)
-    params = [p for p in (pq, pk) if p.requires_grad]
-    if not params:
-        return 0.0, inst
-    opt = torch.optim.Adam(params, lr=lr)
-
-    def scaled() -> tuple[Tensor, Tensor]:
-        dq = pq * (rq / torch.linalg.matrix_norm(pq, ord=2)) if rq > 0 else pq
-        dk = pk * (rk / torch.linalg.matrix_norm(pk, ord=2)) if rk > 0 else pk
-        return dq, dk
-
-    best, best_inst = -1.0, inst
-    for _ in range(steps):
-        dq, dk = scaled()
-        kw = {**inst.kwargs(), "dwq": dq, "dwk": dk}
-        act = gap_change(**kw, sink=sink, query_start=query_start, competitor=competitor).abs()
-        bnd = gap_change_bound(**kw, sink=sink, query_start=query_start)
-        ratio = (act / bnd.clamp_min(1e-300)).max()
-        r = float(ratio.detach())
-        if r > best:
-            best = r
-            best_inst = Instance(**{**inst.__dict__, "dwq": dq.detach().clone(), "dwk": dk.detach().clone()})
-        opt.zero_grad()
-        (-ratio).backward()
-        for p in params:  # ties in max / degenerate singular values can give NaN gradients: skip those entries
-            p.grad = torch.nan_to_num(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
-        if not all(bool(torch.isfinite(p).all()) and float(p.detach().abs().max()) > 0 for p in params):
-            break
-    return best, best_inst
-
-
-# ---------------------------------------------------------------------------------------
-# real layers from a Hugging Face model
-
-@dataclass
-class LayerQK:
-    """What one real attention layer needs for the bound: its inputs, weights and spec."""
-
-    layer: int
-    x: Tensor                           # [T, d] input of q_proj/k_proj (after the layer's input norm)
-    residual: Tensor                    # [T, d] residual stream entering the decoder layer
-    wq: Tensor                          # [H*dh, d]
-    wk: Tensor                          # [Hkv*dh, d]
-    spec: QKSpec
-    gq: Tensor | None = None            # effective gains of q_norm/k_norm
-    gk: Tensor | None = None
-    bq: Tensor | None = None            # projection biases (Qwen2)
-    bk: Tensor | None = None
-    rope: tuple[Tensor, Tensor] | None = None   # cos, sin [T, dh]
-    sliding_window: int | None = None
-
-    def kwargs(self, dwq: Tensor, dwk: Tensor) -> dict:
-        return dict(x=self.x, wq=self.wq, wk=self.wk, dwq=dwq, dwk=dwk, spec=self.spec, gq=self.gq,
-                    gk=self.gk, rope=self.rope, bq=self.bq, bk=self.bk)
-
-
-def _decoder_layers(model: Any) -> list:
-    for path in ("model.layers", "model.language_model.layers", "layers", "language_model.model.layers"):
-        obj = model
-        try:
-            for p in path.split("."):
-                obj = getattr(obj, p)
-            return list(obj)
-        except AttributeError:
-            continue
-    raise AttentionError(f"cannot find the decoder layers of {type(model).__name__}: "
-                         "capture_qk_inputs supports Llama-, Qwen-, Gemma-3- and OLMo-2-style models")
-
-
-def _effective_gain(norm_mod: Any, width: int) -> tuple[Tensor, float]:
-    """Effective gain g and eps of an RMSNorm module, checked on a random vector: norm(v) = g * N(v)."""
-    eps = getattr(norm_mod, "eps", getattr(norm_mod, "variance_epsilon", None))
-    if eps is None:
-        raise AttentionError(f"{type(norm_mod).__name__} has no eps attribute; not an RMSNorm sinklib knows")
-    p = next(norm_mod.parameters())
-    with torch.no_grad():
-        ones = torch.ones(width, dtype=torch.float32, device=p.device)
-        g = (norm_mod(ones.to(p.dtype)).float() * math.sqrt(1 + eps)).double().cpu()
-        v = torch.randn(3, width, dtype=torch.float32, device=p.device)
-        ref = (g * rms_normalize(v.double().cpu(), eps))
-        got = norm_mod(v.to(p.dtype)).double().cpu()
-    tol = 1e-4 if p.dtype == torch.float32 else 5e-2
-    if not torch.allclose(got, ref, rtol=tol, atol=tol * float(ref.abs().max())):
-        raise AttentionError(f"{type(norm_mod).__name__} is not of the form g * v / sqrt(mean(v^2) + eps); "
-                             "the bound does not cover it")
-    return g, float(eps)
-
-
-def head_norms(wq: Tensor, wk: Tensor, spec: QKSpec) -> tuple[Tensor, Tensor]:
-    """Spectral norms of the head blocks: (||W_Q,h|| [H], ||W_K,h|| [Hkv]) (for ``w_block_norms``)."""
-    return _block_norms(wq, spec.n_heads, spec.head_dim), _block_norms(wk, spec.n_kv_heads, spec.head_dim)
-
-
-def layer_sensitivity(layer: LayerQK, rel_changes: list[float], n_directions: int, generator: torch.Generator,
-                      norm: str = "fro", sink: int = 0, query_start: int = 1) -> list[dict]:
-    """Random weight changes of controlled relative size on one real layer: actual gap change vs bound.
-
-    For each relative size and direction, dW_Q and dW_K are Gaussian with ||dW|| = rel * ||W|| (``norm``).
-    -> rows {layer, rel, direction, violations, ratio_max, ratio_median, change_median (|d gap_lse|,
-    median over heads and queries), change_max_median (|d gap_max|), bound_median, gap_lse_median,
-    flips_max (fraction of (head, query) whose max-gap changes sign), ratios (np.ndarray of all
-    actual/bound values, both competitors)}.
-    """
-    wn = head_norms(layer.wq, layer.wk, layer.spec)
-    rows = []
-    for rel in rel_changes:
-        for r in range(n_directions):
-            dwq = random_direction(layer.wq, rel, generator, norm)
-            dwk = random_direction(layer.wk, rel, generator, norm)
-            kw = layer.kwargs(dwq, dwk)
-            ch = gap_changes(**kw, sink=sink, query_start=query_start)
-            bnd = gap_change_bound(**kw, sink=sink, query_start=query_start, w_block_norms=wn)
-            ratios = torch.cat([(ch["max"].abs() / bnd).flatten(), (ch["lse"].abs() / bnd).flatten()])
-            g0 = ch["before"]["max"]
-            rows.append(dict(
-                layer=layer.layer, rel=rel, direction=r, violations=int((ratios > 1 + 1e-9).sum()),
-                ratio_max=float(ratios.max()), ratio_median=float(ratios.median()),
-                change_median=float(ch["lse"].abs().median()), change_max_median=float(ch["max"].abs().median()),
-                bound_median=float(bnd.median()), gap_lse_median=float(ch["before"]["lse"].median()),
-                flips_max=float((torch.sign(g0 + ch["max"]) != torch.sign(g0)).double().mean()),
-                ratios=ratios.numpy()))
-    return rows
-
-
-def capture_qk_inputs(model: Any, input_ids: Tensor, layers: list[int] | None = None,
-                      dtype: torch.dtype = torch.float64) -> list[LayerQK]:
-    """Run one forward pass and return, for each chosen layer, the input of q_proj/k_proj, the residual
-    stream, the weights, gains, RoPE tables and spec (all on CPU in ``dtype``).
-
-    input_ids [1, T] (one unpadded prompt). Sliding-window layers are accepted only when T fits in the
-    window (then the window changes nothing); logit soft-capping is refused.
-    """
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-        raise ParameterError(f"input_ids must have shape [1, T], got {tuple(input_ids.shape)}")
-    T = input_ids.shape[1]
-    if T < 3:
-        raise ParameterError(f"the prompt has {T} tokens; the sink gap needs at least 3")
-    dec = _decoder_layers(model)
-    chosen = list(range(len(dec))) if layers is None else [int(l) for l in layers]
-    for l in chosen:
-        if not 0 <= l < len(dec):
-            raise ParameterError(f"layer {l} is outside the model's {len(dec)} layers")
-    cfg = getattr(model.config, "text_config", model.config)
-    if getattr(cfg, "attn_logit_softcapping", None):
-        raise AttentionError("this model soft-caps attention logits; the bound here does not model it")
-    seen: dict[int, dict] = {l: {} for l in chosen}
-    handles = []
-
-    def pre_layer(l: int):
-        def hook(mod, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
-            seen[l]["residual"] = h.detach()
-        return hook
-
-    def pre_attn(l: int):
-        def hook(mod, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
-            seen[l]["x"] = h.detach()
-            pe = kwargs.get("position_embeddings")
-            seen[l]["rope"] = None if pe is None else (pe[0].detach(), pe[1].detach())
-        return hook
-
-    try:
-        for l in chosen:
-            handles.append(dec[l].register_forward_pre_hook(pre_layer(l), with_kwargs=True))
-            handles.append(dec[l].self_attn.register_forward_pre_hook(pre_attn(l), with_kwargs=True))
-        with torch.no_grad():
-            model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-
-    out = []
-    for l in chosen:
-        attn = dec[l].self_attn
-        H = cfg.num_attention_heads
-        Hkv = getattr(cfg, "num_key_value_heads", None) or H
-        dh = getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-        window = getattr(attn, "sliding_window", None)
-        if window is not None and T > window:
-            raise ParameterError(f"layer {l} attends within a sliding window of {window} tokens but the prompt "
-                                 f"has {T}; shorten the prompt (max_tokens) so the sink stays visible")
-        qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        gq = gk = None
-        eps = 1e-6
-        if qn is None:
-            norm = "none"
-        else:
-            wq_n = next(qn.parameters()).numel()
-            norm = "head" if wq_n == dh else "layer"
-            gq, eps = _effective_gain(qn, wq_n)
-            gk, eps_k = _effective_gain(kn, next(kn.parameters()).numel())
-            if eps_k != eps:
-                raise AttentionError(f"layer {l}: q_norm eps {eps} differs from k_norm eps {eps_k}")
-            gq, gk = gq.to(dtype), gk.to(dtype)
-        spec = QKSpec(norm, H, Hkv, int(dh), scaling=float(attn.scaling), eps=float(eps))
-        cv = lambda t: None if t is None else t.detach().to("cpu", dtype)  # noqa: E731
-        rope = seen[l]["rope"]
-        out.append(LayerQK(
-            layer=l, x=cv(seen[l]["x"][0]), residual=cv(seen[l]["residual"][0]),
-            wq=cv(attn.q_proj.weight), wk=cv(attn.k_proj.weight), spec=spec, gq=gq, gk=gk,
-            bq=cv(attn.q_proj.bias), bk=cv(attn.k_proj.bias),
-            rope=None if rope is None else (cv(rope[0][0]), cv(rope[1][0])), sliding_window=window))
-    return out
+from .bound_instances import (DIRECTION_KINDS, Instance, check_instance, logit_range,  # noqa: E402
+                              planted_sink_layer, random_direction, random_instance, worst_direction)
+from .bound_real import LayerQK, capture_qk_inputs, head_norms, layer_sensitivity  # noqa: E402  (uses this module)

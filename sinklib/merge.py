@@ -1,6 +1,5 @@
-"""Merging a VLM's language backbone back towards its reference LLM, and QK-RMSNorm injection.
-
-Two negative controls of the paper (the book's page of reported numbers, "negative control"):
+"""Merging a VLM's language backbone back towards its reference LLM: a negative control of the paper
+(the book's page of reported numbers, "negative control"); QK-RMSNorm injection is `sinklib.inject`.
 
 1. **Seven merging settings** that pull the adapted (VL-fine-tuned) backbone theta_a back
    towards its reference LLM theta_b. With the task vector tau = theta_a - theta_b
@@ -39,45 +38,83 @@ Two negative controls of the paper (the book's page of reported numbers, "negati
    the adapted model. Arithmetic is in float32 (float64 if the inputs are float64) and
    the result is cast to the adapted tensor's dtype.
 
-2. **QK-RMSNorm injection** into a backbone without it (Llama, e.g. SmolLM2-135M): the
-   model becomes a `Qwen3ForCausalLM` (Qwen3 = Llama + per-head RMSNorm over head_dim on
-   queries and keys after projection, before RoPE, one gain vector [head_dim] per layer
-   shared across heads), so it still runs through transformers' attention registry.
+Each method is a record (`MergeMethod`: name, tensor function, reference, defaults taken from
+the function's signature, allowed ranges), registered by the `merge_method` decorator in `METHODS`.
 """
 from __future__ import annotations
 
-import copy
+import inspect
 import math
-import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .cache import MERGE_SEED_MODULUS, key_seed
 from .errors import ParameterError
 from .params import check_choice, check_float, check_int
 
-__all__ = [
-    "SEVEN_SETTINGS",
-    "MERGE_METHODS",
-    "MERGE_DEFAULTS",
-    "MERGE_REFERENCES",
-    "AlreadyHasQKNorm",
-    "task_vector_rank_truncate",
-    "star_truncate",
-    "tensor_seed",
-    "split_keys",
-    "merge",
-    "merge_backbone",
-    "inject_qk_norm",
-    "injection_error",
-    "recovery_finetune",
-]
-
 StateDict = Mapping[str, torch.Tensor]
 
+#: allowed range of a method parameter: (lo, hi, lo_exclusive)
+UNIT = (0.0, 1.0, False)
+OPEN_UNIT = (0.0, 1.0, True)
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """One merge method: f(base [*S], adapted [*S], *, seed, **params) -> merged [*S].
+
+    `defaults` are the keyword defaults of `fn` (besides seed); `ranges` maps each parameter to
+    (lo, hi, lo_exclusive)."""
+
+    name: str
+    fn: Callable[..., torch.Tensor] = field(repr=False)
+    reference: str
+    defaults: dict[str, float]
+    ranges: dict[str, tuple[float, float, bool]]
+
+    def resolve(self, params: Mapping[str, Any]) -> dict[str, float]:
+        """The defaults overridden by `params`, each checked against its range."""
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            raise ParameterError(f"merge method {self.name!r} got unknown parameter(s) {unknown}; "
+                                 f"allowed: {sorted(self.defaults) or 'none (besides seed)'}")
+        out = dict(self.defaults)
+        for name, value in params.items():
+            lo, hi, lo_excl = self.ranges[name]
+            v = check_float(name, value, lo, hi)
+            if lo_excl and v <= lo:
+                raise ParameterError(f"parameter {name!r} got {value!r}; allowed: a number in ({lo}, {hi}]")
+            out[name] = v
+        return out
+
+
+#: name -> MergeMethod, in registration order
+METHODS: dict[str, MergeMethod] = {}
+
+
+def merge_method(name: str, reference: str, **ranges: tuple[float, float, bool]) -> Callable:
+    """Register a tensor function as a merge method (compare mergekit's `@merge_method`)."""
+    def register(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        sig = inspect.signature(fn).parameters
+        defaults = {k: p.default for k, p in sig.items()
+                    if p.kind is p.KEYWORD_ONLY and k != "seed" and p.default is not p.empty}
+        if set(defaults) != set(ranges):
+            raise TypeError(f"merge method {name!r}: ranges {sorted(ranges)} must name its parameters {sorted(defaults)}")
+        METHODS[name] = MergeMethod(name, fn, reference, defaults, dict(ranges))
+        return fn
+    return register
+
+
+def evaluation_extra(method: str) -> dict:
+    """What a merged condition adds to its evaluation key (sinklib.pairs.evaluate_condition's key_extra)."""
+    return {"merge": dict(METHODS[method].defaults)}
+
+
 # ----------------------------------------------------------------------------------------
-# tensor-level methods: f(base [*S], adapted [*S], **params) -> merged [*S]
+# tensor-level methods: f(base [*S], adapted [*S], *, seed, **params) -> merged [*S]
 # ----------------------------------------------------------------------------------------
 
 
@@ -92,25 +129,33 @@ def _mergekit(tensors: list[torch.Tensor], method: str, parameters: dict[str, An
     return merge_tensors(tensors, method, parameters=parameters, base_index=base_index)
 
 
-def _task_arithmetic(base: torch.Tensor, adapted: torch.Tensor, *, lam: float, seed: int = 0) -> torch.Tensor:
+@merge_method("task_arithmetic", "Ilharco et al. 2023, arXiv:2212.04089; mergekit task_arithmetic", lam=UNIT)
+def task_arithmetic(base: torch.Tensor, adapted: torch.Tensor, *, lam: float = 0.7, seed: int = 0) -> torch.Tensor:
     """theta_b + lam * (theta_a - theta_b) via mergekit `task_arithmetic` (weight 1, lambda lam)."""
     return _mergekit([base, adapted], "task_arithmetic", {"weight": 1.0, "lambda": lam}, 0)
 
 
-def _linear(base: torch.Tensor, adapted: torch.Tensor, *, adapted_weight: float, seed: int = 0) -> torch.Tensor:
-    """(1 - w) * theta_b + w * theta_a via mergekit `linear` (normalised weights)."""
+@merge_method("linear", "mergekit linear", adapted_weight=UNIT)
+def linear(base: torch.Tensor, adapted: torch.Tensor, *, adapted_weight: float = 0.5, seed: int = 0) -> torch.Tensor:
+    """(1 - w) * theta_b + w * theta_a via mergekit `linear` (normalised weights); general linear mix."""
     return _mergekit([base, adapted], "linear", {"weight": [1.0 - adapted_weight, adapted_weight]}, None)
 
 
-def _uniform(base: torch.Tensor, adapted: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
-    return _linear(base, adapted, adapted_weight=0.5)
+@merge_method("uniform", "Wortsman et al. 2022 (model soups), arXiv:2203.05482; mergekit linear")
+def uniform(base: torch.Tensor, adapted: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
+    """0.5 base + 0.5 adapted (`linear` preset)."""
+    return linear(base, adapted, adapted_weight=0.5)
 
 
-def _mix_95_5(base: torch.Tensor, adapted: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
-    return _linear(base, adapted, adapted_weight=0.95)
+@merge_method("mix_95_5", "linear 0.05 base / 0.95 adapted; mergekit linear")
+def mix_95_5(base: torch.Tensor, adapted: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
+    """0.05 base + 0.95 adapted (`linear` preset)."""
+    return linear(base, adapted, adapted_weight=0.95)
 
 
-def _ties(base: torch.Tensor, adapted: torch.Tensor, *, density: float, lam: float, seed: int = 0) -> torch.Tensor:
+@merge_method("ties", "Yadav et al. 2023, TIES-Merging, arXiv:2306.01708; mergekit ties", density=OPEN_UNIT, lam=UNIT)
+def ties(base: torch.Tensor, adapted: torch.Tensor, *, density: float = 0.2, lam: float = 1.0,
+         seed: int = 0) -> torch.Tensor:
     """mergekit `ties` with base_index=0: top-`density` magnitudes of tau, scaled by lam.
 
     mergekit's TIES normalises by the summed weights of agreeing inputs, so with one task
@@ -119,7 +164,10 @@ def _ties(base: torch.Tensor, adapted: torch.Tensor, *, density: float, lam: flo
     return _mergekit([base, adapted], "ties", {"weight": 1.0, "density": density, "lambda": lam}, 0)
 
 
-def _dare(base: torch.Tensor, adapted: torch.Tensor, *, density: float, lam: float, seed: int = 0) -> torch.Tensor:
+@merge_method("dare", "Yu et al. 2024, DARE, arXiv:2311.03099; mergekit dare_linear (L1 rescale)",
+              density=OPEN_UNIT, lam=UNIT)
+def dare(base: torch.Tensor, adapted: torch.Tensor, *, density: float = 0.1, lam: float = 1.0,
+         seed: int = 0) -> torch.Tensor:
     """mergekit `dare_linear` with base_index=0; mask from the global torch RNG seeded with `seed`.
 
     mergekit rescales the kept entries so the masked delta has tau's L1 norm (not by
@@ -168,14 +216,22 @@ def star_truncate(tau: torch.Tensor, eta: float) -> torch.Tensor:
     return (u[:, :r] * kept) @ vh[:r]
 
 
-def _tsv(base: torch.Tensor, adapted: torch.Tensor, *, rank_fraction: float, lam: float, seed: int = 0) -> torch.Tensor:
+@merge_method("tsv", "Gargiulo et al. 2025, Task Singular Vectors, arXiv:2412.00081; sinklib (TSV-C truncation)",
+              rank_fraction=OPEN_UNIT, lam=UNIT)
+def tsv(base: torch.Tensor, adapted: torch.Tensor, *, rank_fraction: float = 0.1, lam: float = 1.0,
+        seed: int = 0) -> torch.Tensor:
+    """theta_b + lam * (rank truncation of tau) on 2-D tensors; the linear rule on the others."""
     tau = adapted - base
     if tau.dim() == 2:
         tau = task_vector_rank_truncate(tau, rank_fraction)
     return base + lam * tau
 
 
-def _star(base: torch.Tensor, adapted: torch.Tensor, *, eta: float, lam: float, seed: int = 0) -> torch.Tensor:
+@merge_method("star", "Lee et al. 2025, STAR: Spectral Truncation and Rescale, NAACL 2025; sinklib",
+              eta=OPEN_UNIT, lam=UNIT)
+def star(base: torch.Tensor, adapted: torch.Tensor, *, eta: float = 0.4, lam: float = 1.0,
+         seed: int = 0) -> torch.Tensor:
+    """theta_b + lam * (spectral truncation and rescale of tau) on 2-D tensors; the linear rule on the others."""
     tau = adapted - base
     if tau.dim() == 2:
         tau = star_truncate(tau, eta)
@@ -185,74 +241,10 @@ def _star(base: torch.Tensor, adapted: torch.Tensor, *, eta: float, lam: float, 
 #: The paper's seven settings, in its order.
 SEVEN_SETTINGS: tuple[str, ...] = ("task_arithmetic", "uniform", "mix_95_5", "tsv", "star", "ties", "dare")
 
-#: name -> tensor function f(base, adapted, *, seed, **params) -> merged tensor (same shape).
-MERGE_METHODS: dict[str, Callable[..., torch.Tensor]] = {
-    "task_arithmetic": _task_arithmetic,
-    "uniform": _uniform,
-    "mix_95_5": _mix_95_5,
-    "tsv": _tsv,
-    "star": _star,
-    "ties": _ties,
-    "dare": _dare,
-    "linear": _linear,  # general linear mix; `uniform` and `mix_95_5` are its presets
-}
-
-#: name -> default parameters (every parameter a method accepts, besides seed).
-MERGE_DEFAULTS: dict[str, dict[str, float]] = {
-    "task_arithmetic": {"lam": 0.7},
-    "uniform": {},
-    "mix_95_5": {},
-    "tsv": {"rank_fraction": 0.1, "lam": 1.0},
-    "star": {"eta": 0.4, "lam": 1.0},
-    "ties": {"density": 0.2, "lam": 1.0},
-    "dare": {"density": 0.1, "lam": 1.0},
-    "linear": {"adapted_weight": 0.5},
-}
-
-#: name -> where the method comes from (paper and implementation).
-MERGE_REFERENCES: dict[str, str] = {
-    "task_arithmetic": "Ilharco et al. 2023, arXiv:2212.04089; mergekit task_arithmetic",
-    "uniform": "Wortsman et al. 2022 (model soups), arXiv:2203.05482; mergekit linear",
-    "mix_95_5": "linear 0.05 base / 0.95 adapted; mergekit linear",
-    "tsv": "Gargiulo et al. 2025, Task Singular Vectors, arXiv:2412.00081; sinklib (TSV-C truncation)",
-    "star": "Lee et al. 2025, STAR: Spectral Truncation and Rescale, NAACL 2025; sinklib",
-    "ties": "Yadav et al. 2023, TIES-Merging, arXiv:2306.01708; mergekit ties",
-    "dare": "Yu et al. 2024, DARE, arXiv:2311.03099; mergekit dare_linear (L1 rescale)",
-    "linear": "mergekit linear",
-}
-
-_RANGES: dict[str, tuple[float, float, bool]] = {
-    # name: (lo, hi, lo_exclusive)
-    "lam": (0.0, 1.0, False),
-    "adapted_weight": (0.0, 1.0, False),
-    "density": (0.0, 1.0, True),
-    "rank_fraction": (0.0, 1.0, True),
-    "eta": (0.0, 1.0, True),
-}
-
-
-def _resolve(method: str, params: dict[str, Any]) -> dict[str, float]:
-    check_choice("method", method, list(MERGE_METHODS))
-    allowed = MERGE_DEFAULTS[method]
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ParameterError(
-            f"merge method {method!r} got unknown parameter(s) {unknown}; "
-            f"allowed: {sorted(allowed) or 'none (besides seed)'}"
-        )
-    out = dict(allowed)
-    for name, value in params.items():
-        lo, hi, lo_excl = _RANGES[name]
-        v = check_float(name, value, lo, hi)
-        if lo_excl and v <= lo:
-            raise ParameterError(f"parameter {name!r} got {value!r}; allowed: a number in ({lo}, {hi}]")
-        out[name] = v
-    return out
-
 
 def tensor_seed(seed: int, key: str) -> int:
     """The seed used for one tensor: depends on (seed, key) only, not on which other keys merge."""
-    return (int(seed) * 1_000_003 + zlib.crc32(key.encode())) % (2**63 - 1)
+    return key_seed(seed, key, MERGE_SEED_MODULUS)
 
 
 # ----------------------------------------------------------------------------------------
@@ -287,13 +279,14 @@ def merge(base_sd: StateDict, adapted_sd: StateDict, method: str, *, seed: int =
     base_sd: the reference LLM; adapted_sd: the VL-adapted backbone. Returns a new dict
     with adapted_sd's keys: keys listed as "merged" by `split_keys` hold the merged tensor
     (adapted dtype and device), every other key holds adapted_sd's tensor unchanged (the
-    same object). `params` override MERGE_DEFAULTS[method]; `seed` drives DARE's masks
+    same object). `params` override METHODS[method].defaults; `seed` drives DARE's masks
     (per tensor, via `tensor_seed(seed, key)`). Tensors that share storage in both inputs
     (tied embeddings) are merged once, so they stay identical.
     """
-    resolved = _resolve(method, params)
+    check_choice("method", method, list(METHODS))
+    resolved = METHODS[method].resolve(params)
     seed = check_int("seed", seed, 0)
-    fn = MERGE_METHODS[method]
+    fn = METHODS[method].fn
     parts = split_keys(base_sd, adapted_sd)
     to_merge = set(parts["merged"])
     done: dict[tuple, torch.Tensor] = {}
@@ -324,315 +317,23 @@ def merge(base_sd: StateDict, adapted_sd: StateDict, method: str, *, seed: int =
     return out
 
 
-_WRAPPER_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
-
-
-def _normalise_key(key: str) -> str:
-    for p in _WRAPPER_PREFIXES:
-        if key.startswith(p):
-            return key[len(p):]
-    return key
-
-
-def _match_keys(base_keys: Sequence[str], adapted_keys: Sequence[str]) -> dict[str, str]:
-    """base key -> adapted key: exact name, else the unique adapted key with the same name
-    after stripping a wrapper prefix (`model.`, `model.language_model.`, `language_model.`)."""
-    adapted_set = set(adapted_keys)
-    by_norm: dict[str, list[str]] = {}
-    for k in adapted_keys:
-        by_norm.setdefault(_normalise_key(k), []).append(k)
-    out = {}
-    for k in base_keys:
-        if k in adapted_set:
-            out[k] = k
-        else:
-            cands = by_norm.get(_normalise_key(k), [])
-            if len(cands) == 1:
-                out[k] = cands[0]
-    return out
-
-
-def merge_backbone(base_model: torch.nn.Module, adapted_model: torch.nn.Module, method: str, *,
-                   seed: int = 0, key_map: Mapping[str, str] | None = None, inplace: bool = False,
-                   show_progress: bool = False, **params: Any) -> tuple[torch.nn.Module, dict[str, list[str]]]:
-    """Merge the language-model weights of `adapted_model` towards `base_model`.
-
-    Keys are matched by name (`key_map`: base key -> adapted key, default: exact names,
-    else names equal after stripping a wrapper prefix such as `model.language_model.`).
-    Only matched keys with equal shapes are merged; the vision tower, the projector and any
-    resized tensor stay as in the adapted model. Returns (model, report): the model is a
-    deep copy of adapted_model (or adapted_model itself with inplace=True) holding the
-    merged weights; report = {"merged", "shape_mismatch", "kept" (adapted keys left as
-    they were), "base_unmatched" (base keys with no adapted counterpart)}.
-    """
-    base_sd = base_model.state_dict()
-    adapted_sd = adapted_model.state_dict()
-    mapping = dict(key_map) if key_map is not None else _match_keys(list(base_sd), list(adapted_sd))
-    bad = [v for v in mapping.values() if v not in adapted_sd]
-    if bad:
-        raise ParameterError(f"key_map names adapted keys that do not exist, e.g. {bad[:3]}")
-    if not mapping:
-        raise ParameterError(
-            "merge_backbone found no key of base_model in adapted_model; pass key_map "
-            "(base key -> adapted key) to say which tensors correspond"
-        )
-    base_renamed = {mapping[k]: base_sd[k] for k in mapping if k in base_sd}
-    merged = merge(base_renamed, adapted_sd, method, seed=seed, show_progress=show_progress, **params)
-    parts = split_keys(base_renamed, adapted_sd)
-    model = adapted_model if inplace else copy.deepcopy(adapted_model)
-    target = model.state_dict()
-    with torch.no_grad():
-        for key in parts["merged"]:
-            target[key].copy_(merged[key])
-    report = {
-        "merged": parts["merged"],
-        "shape_mismatch": parts["shape_mismatch"],
-        "kept": [k for k in adapted_sd if k not in set(parts["merged"])],
-        "base_unmatched": [k for k in base_sd if k not in mapping],
-    }
-    return model, report
-
-
 # ----------------------------------------------------------------------------------------
-# QK-RMSNorm injection
+# the parameters of chapter 6 (merging and QK-norm injection)
 # ----------------------------------------------------------------------------------------
 
 
-class AlreadyHasQKNorm(ParameterError):
-    """inject_qk_norm was given a model that already normalises queries and keys."""
+def _chapter6_params() -> dict:
+    from .evals import COUNT_PARAMS
+    from .inject import GAIN_RULES
+    from .models import MODEL_PARAMS
+    from .params import COMMON, boolean, choice, integer, list_of, number, text
+    from .sink import prompt_count
+
+    return {**MODEL_PARAMS, "seed": integer(0), "methods": list_of(choice(SEVEN_SETTINGS)), "inject_model": text(),
+            "inject_gain_rule": choice(GAIN_RULES), "inject_calib_prompts": prompt_count,
+            "recovery_steps": integer(0, 100_000), "recovery_lr": number(0.0, 1.0),
+            "recovery_batch_size": integer(1, 1024), "vqa_n": integer(0, 100_000), **COUNT_PARAMS,
+            "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
 
 
-GAIN_RULES = ("match_rms", "ones")
-
-
-def _qk_norm_modules(model: torch.nn.Module) -> list[str]:
-    return [n for n, _ in model.named_modules() if n.split(".")[-1] in ("q_norm", "k_norm")]
-
-
-@torch.no_grad()
-def _mean_head_rms(model: torch.nn.Module, input_ids: torch.Tensor,
-                   attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over real tokens and heads of the per-(token, head) RMS of q and k, per layer.
-
-    Returns (q_rms [L], k_rms [L]) measured on the projections' outputs (before RoPE,
-    where the injected norm acts).
-    """
-    cfg = model.config
-    hd = cfg.head_dim
-    layers = model.model.layers
-    sums = torch.zeros(len(layers), 2, dtype=torch.float64)
-    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    n_tok = int(mask.sum())
-    hooks = []
-
-    def make(i: int, j: int):
-        def hook(_mod, _inp, out):
-            B, T, D = out.shape
-            rms = out.float().view(B, T, D // hd, hd).pow(2).mean(-1).sqrt()  # [B, T, H]
-            sums[i, j] += rms[mask.to(rms.device)].mean(-1).double().sum().cpu()
-        return hook
-
-    for i, layer in enumerate(layers):
-        hooks.append(layer.self_attn.q_proj.register_forward_hook(make(i, 0)))
-        hooks.append(layer.self_attn.k_proj.register_forward_hook(make(i, 1)))
-    try:
-        dev = next(model.parameters()).device
-        model(input_ids=input_ids.to(dev),
-              attention_mask=None if attention_mask is None else attention_mask.to(dev), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    mean = (sums / n_tok).float()
-    return mean[:, 0], mean[:, 1]
-
-
-def inject_qk_norm(model: torch.nn.Module, calib_input_ids: torch.Tensor | None = None, *,
-                   attention_mask: torch.Tensor | None = None, gain_rule: str = "match_rms") -> torch.nn.Module:
-    """Return a Qwen3ForCausalLM equal to the Llama `model` plus per-head QK-RMSNorm.
-
-    Every weight is copied; each layer gets q_norm/k_norm (RMSNorm over head_dim, eps =
-    rms_norm_eps, gain [head_dim] shared across heads, applied after the projection and
-    before RoPE). Gain rules:
-    - "match_rms" (default): every entry of layer l's q_norm gain is the mean over
-      calibration tokens (calib_input_ids [B, T], attention_mask [B, T] optional) and heads
-      of the per-(token, head) RMS of that layer's query projection; likewise for keys.
-      Directions of all queries and keys are kept exactly and their average length is
-      kept; each token's deviation from the average length is lost, so the outputs cannot
-      be identical. On tiny random Llamas the relative logit error is ~3e-3, but in a
-      pretrained model lengths vary a lot: in SmolLM2-135M the first token's q/k RMS is
-      4-9x below the other tokens' in late layers, and the injected model's next-token
-      distribution moves far (measured on 15 held-out prompts: mean KL 1.9 nats, top-1
-      agreement 0.32), which is why `recovery_finetune` exists.
-    - "ones": Qwen3's own initialisation (unit gains); queries and keys get RMS 1.
-
-    Raises AlreadyHasQKNorm if the model already has q_norm/k_norm modules (Qwen3,
-    Gemma-3, OLMo-2, ...), ParameterError for any other architecture than Llama.
-    """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    gain_rule = check_choice("gain_rule", gain_rule, GAIN_RULES)
-    cfg = model.config
-    existing = _qk_norm_modules(model)
-    if existing:
-        raise AlreadyHasQKNorm(
-            f"model (model_type={getattr(cfg, 'model_type', '?')!r}) already has QK-norm "
-            f"(e.g. {existing[0]!r}); inject_qk_norm applies only to backbones without it, "
-            "such as Llama / SmolLM2"
-        )
-    if getattr(cfg, "model_type", None) != "llama" or not hasattr(model, "model"):
-        raise ParameterError(
-            f"inject_qk_norm supports a LlamaForCausalLM (model_type 'llama'); got "
-            f"{type(model).__name__} (model_type {getattr(cfg, 'model_type', None)!r})"
-        )
-    if getattr(cfg, "mlp_bias", False):
-        raise ParameterError("inject_qk_norm: a Llama with mlp_bias=True has no Qwen3 counterpart")
-    if gain_rule == "match_rms":
-        if calib_input_ids is None or calib_input_ids.dim() != 2 or calib_input_ids.numel() == 0:
-            raise ParameterError(
-                "gain_rule 'match_rms' needs calib_input_ids, a non-empty LongTensor [B, T] of calibration prompts"
-            )
-        if attention_mask is not None and attention_mask.shape != calib_input_ids.shape:
-            raise ParameterError(
-                f"attention_mask shape {tuple(attention_mask.shape)} must equal calib_input_ids shape "
-                f"{tuple(calib_input_ids.shape)}"
-            )
-
-    fields = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range",
-              "rms_norm_eps", "use_cache", "tie_word_embeddings", "rope_parameters", "attention_bias",
-              "attention_dropout", "pad_token_id", "bos_token_id", "eos_token_id"]
-    kwargs = {f: copy.deepcopy(getattr(cfg, f)) for f in fields if getattr(cfg, f, None) is not None}
-    qcfg = Qwen3Config(**kwargs, use_sliding_window=False)
-    qcfg._attn_implementation = cfg._attn_implementation
-    p0 = next(model.parameters())
-    new = Qwen3ForCausalLM(qcfg).to(device=p0.device, dtype=p0.dtype)
-    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    bad_missing = [k for k in missing if not k.endswith(("q_norm.weight", "k_norm.weight"))]
-    if bad_missing or unexpected:
-        raise ParameterError(
-            f"inject_qk_norm could not map every weight (missing {bad_missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    if gain_rule == "match_rms":
-        was_training = model.training
-        model.eval()
-        q_rms, k_rms = _mean_head_rms(model, calib_input_ids, attention_mask)
-        model.train(was_training)
-    else:
-        q_rms = k_rms = torch.ones(cfg.num_hidden_layers)
-    with torch.no_grad():
-        for i, layer in enumerate(new.model.layers):
-            layer.self_attn.q_norm.weight.fill_(float(q_rms[i]))
-            layer.self_attn.k_norm.weight.fill_(float(k_rms[i]))
-    if getattr(model, "generation_config", None) is not None:
-        new.generation_config = copy.deepcopy(model.generation_config)
-    new.train(model.training)
-    return new
-
-
-@torch.no_grad()
-def injection_error(original: torch.nn.Module, injected: torch.nn.Module, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor | None = None) -> dict[str, float]:
-    """How far the injected model's next-token outputs are from the original's.
-
-    input_ids, attention_mask: [B, T]. Over real positions: max and mean |logit difference|,
-    relative Frobenius error ||dz|| / ||z||, mean KL(p_original || p_injected) in nats,
-    and top-1 agreement (fraction of positions with the same argmax).
-    """
-    was = (original.training, injected.training)
-    original.eval(), injected.eval()
-    dev = next(original.parameters()).device
-    kw = {"attention_mask": None if attention_mask is None else attention_mask.to(dev), "use_cache": False}
-    z0 = original(input_ids=input_ids.to(dev), **kw).logits.float()
-    z1 = injected(input_ids=input_ids.to(dev), **kw).logits.float()
-    original.train(was[0]), injected.train(was[1])
-    m = torch.ones(input_ids.shape, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    m = m.to(z0.device)
-    a, b = z0[m], z1[m]  # [N, V]
-    d = (a - b).abs()
-    lp0, lp1 = a.log_softmax(-1), b.log_softmax(-1)
-    kl = (lp0.exp() * (lp0 - lp1)).sum(-1)
-    return {
-        "max_abs_logit_diff": float(d.max()),
-        "mean_abs_logit_diff": float(d.mean()),
-        "rel_logit_error": float((a - b).norm() / a.norm()),
-        "mean_kl": float(kl.mean()),
-        "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).float().mean()),
-    }
-
-
-def recovery_finetune(model: torch.nn.Module, tokenizer: Any, texts: Sequence[str] | Sequence[Sequence[int]], *,
-                      steps: int = 50, lr: float = 1e-4, batch_size: int = 8, seed: int = 0,
-                      max_length: int = 128, train: str = "all", show_progress: bool = True) -> list[float]:
-    """Short causal-LM fine-tune on text, in place; returns the loss of every step.
-
-    texts: strings (tokenised with `tokenizer`, truncated to max_length) or, with
-    tokenizer=None, lists of token ids. Each step draws `batch_size` texts (seeded
-    shuffling, cycling), right-pads them into [B, T] and takes one AdamW step on the mean
-    next-token cross-entropy over all real tokens. train="all" updates every weight,
-    "qk_norm" only the q_norm/k_norm gains. Gradients clipped to norm 1.
-    """
-    steps = check_int("steps", steps, 1)
-    batch_size = check_int("batch_size", batch_size, 1)
-    max_length = check_int("max_length", max_length, 2)
-    seed = check_int("seed", seed, 0)
-    lr = check_float("lr", lr, 0.0)
-    train = check_choice("train", train, ("all", "qk_norm"))
-    if not texts:
-        raise ParameterError("recovery_finetune needs at least one text in `texts`")
-    if tokenizer is None:
-        ids = [list(map(int, t))[:max_length] for t in texts]
-    else:
-        ids = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
-    if any(len(x) < 2 for x in ids):
-        raise ParameterError("every text must have at least 2 tokens for a next-token loss")
-    if train == "qk_norm":
-        names = _qk_norm_modules(model)
-        if not names:
-            raise ParameterError("train='qk_norm' needs a model with q_norm/k_norm (run inject_qk_norm first)")
-        params = [p for n, p in model.named_parameters() if n.rsplit(".", 2)[-2] in ("q_norm", "k_norm")]
-    else:
-        params = [p for p in model.parameters()]
-    saved_grad = {p: p.requires_grad for p in model.parameters()}
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in params:
-        p.requires_grad_(True)
-    dev = next(model.parameters()).device
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
-    order: list[int] = []
-    losses: list[float] = []
-    was_training = model.training
-    model.train()
-    from tqdm import tqdm
-
-    try:
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            torch.manual_seed(seed)
-            for _ in tqdm(range(steps), desc="recovery fine-tune", disable=not show_progress):
-                batch = []
-                while len(batch) < batch_size:
-                    if not order:
-                        order = torch.randperm(len(ids), generator=gen).tolist()
-                    batch.append(ids[order.pop()])
-                T = max(len(x) for x in batch)
-                inp = torch.zeros(len(batch), T, dtype=torch.long)
-                att = torch.zeros(len(batch), T, dtype=torch.long)
-                for i, x in enumerate(batch):
-                    inp[i, : len(x)] = torch.tensor(x)
-                    att[i, : len(x)] = 1
-                labels = inp.masked_fill(att == 0, -100)
-                out = model(input_ids=inp.to(dev), attention_mask=att.to(dev), labels=labels.to(dev), use_cache=False)
-                loss = out.loss
-                if not torch.isfinite(loss):
-                    raise ParameterError(f"recovery_finetune: loss became {float(loss)}; lower lr (got {lr})")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                losses.append(float(loss.detach()))
-    finally:
-        model.train(was_training)
-        for p, rg in saved_grad.items():
-            p.requires_grad_(rg)
-    return losses
+CHAPTER6_PARAMS = _chapter6_params()

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .errors import ModelNotAvailable, ParameterError
+from .params import anything, list_of, text
 
 
 @dataclass(frozen=True)
@@ -315,3 +316,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, attn_implementation: str = "s
                   dtype=torch.float32, source="tiny", weights_sha256=f"random-init:{arch}:seed={seed}",
                   load_seconds=time.perf_counter() - t0,
                   info={"arch": arch, "seed": seed})
+
+
+#: the model parameters of a notebook: embedded names or hub ids, and the device ("auto", "cpu", "cuda", ...)
+MODEL_PARAMS = {"models": list_of(text()), "device": anything}

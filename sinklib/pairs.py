@@ -1,8 +1,14 @@
 """Adapted pairs: a base LLM and what VL adaptation (and its two controls) made of it.
 
 Chapter 4 builds the pairs, chapters 5 and 6 reuse them. Every condition is trained once and
-cached by a key of its parameters (``sinklib.vl.checkpoint_key``), so a rerun loads instead of
+cached by a key of its parameters (``sinklib.cache.key``), so a rerun loads instead of
 training, and chapter 6 finds chapter 4's checkpoints without rerunning chapter 4.
+
+This module is the contract between chapter 4 and the chapters that read it: the parameters of a
+pair (`pair_params`), its evaluated conditions (`evaluate_condition`, `evaluation_key`), the
+score changes (`score_deltas`), the strict-format mean (`strict_mean`), the panel rows chapter 5
+reads (`panel_row`, its strict column `sinklib.panel_schema.STRICT_TASK`) and chapter 4's results as chapter 6 reads them
+(`chapter4_pairs`).
 
 Conditions of one pair:
     base        the base LLM as loaded
@@ -12,18 +18,23 @@ Conditions of one pair:
 """
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import torch
 
-from . import vl
+from . import cache, vl
+from .anatomy import clamp_last_k
 from .errors import ParameterError, ResultsMissing
-from .models import Loaded, cache_dir
-from .params import check_choice, check_float, check_int
+from .models import Loaded
+from .evals import COUNT_PARAMS
+from .models import MODEL_PARAMS
+from .params import COMMON, boolean, check_choice, check_float, check_int, choice, integer, number, optional
+from .sink import prompt_count
 
 CONDITIONS = ("base", "vl", "text_only", "random")
 
@@ -42,7 +53,7 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
     return {
         "model": model, "weights": weights,
         "seed": check_int("seed", seed, 0),
-        "image_size": check_int("image_size", image_size, 16, 512),
+        "image_size": vl.check_image_size(image_size),
         "stage1_steps": check_int("stage1_steps", stage1_steps, 0, 10**6),
         "stage2_steps": check_int("stage2_steps", stage2_steps, 1, 10**6),
         "batch_size": check_int("batch_size", batch_size, 1, 4096),
@@ -54,16 +65,11 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
     }
 
 
-def vqa_items(n: int, seed: int = 0, image_size: int = 48) -> list:
-    """The held-out VQA questions every condition is scored on (chapters 4 and 6; never trained on)."""
-    return vl.eval_items(n, seed=vl.VQA_EVAL_SEED_OFFSET + seed, image_size=image_size)
-
-
 def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
     """Checkpoint folder of one trained condition ('vl' or 'text_only')."""
     if kind not in ("vl", "text_only"):
         raise ParameterError(f"parameter 'kind' got {kind!r}; allowed: 'vl', 'text_only'")
-    return vl.checkpoint_dir(vl.checkpoint_key({**params, "kind": kind}))
+    return cache.checkpoint_dir(cache.key({**params, "kind": kind}))
 
 
 @dataclass
@@ -107,8 +113,8 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
                   schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every, progress=progress)
 
     path = condition_dir(params, "vl")
-    if vl.checkpoint_exists(path) and not retrain:
-        ck = vl.load_checkpoint(path, model)
+    if cache.checkpoint_exists(path) and not retrain:
+        ck = cache.load_checkpoint(path, model)
         projector, encoder, logs["vl"] = ck.projector, ck.encoder, ck.meta
         trained["vl"] = False
     else:
@@ -116,19 +122,19 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
                           lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
                           lr_projector_stage2=params.get("lr_projector_stage2"), **common)
         projector, encoder, logs["vl"] = res.projector, res.encoder, _meta_of(res)
-        vl.save_checkpoint(path, model, projector, encoder, meta=logs["vl"])
+        cache.save_checkpoint(path, model, projector, encoder, meta=logs["vl"])
         trained["vl"] = True
     states["vl"] = vl.clone_state_dict(model)
 
     model.load_state_dict(base_sd, strict=True)
     path = condition_dir(params, "text_only")
-    if vl.checkpoint_exists(path) and not retrain:
-        logs["text_only"] = vl.load_checkpoint(path, model).meta
+    if cache.checkpoint_exists(path) and not retrain:
+        logs["text_only"] = cache.load_checkpoint(path, model).meta
         trained["text_only"] = False
     else:
         res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
         logs["text_only"] = _meta_of(res)
-        vl.save_checkpoint(path, model, meta=logs["text_only"])
+        cache.save_checkpoint(path, model, meta=logs["text_only"])
         trained["text_only"] = True
     states["text_only"] = vl.clone_state_dict(model)
 
@@ -141,7 +147,7 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
 def load_pair(lm: Loaded, params: Mapping[str, Any]) -> Pair:
     """The pair chapter 4 built, from the cache; a clear error names the notebook that builds it."""
     for kind in ("vl", "text_only"):
-        if not vl.checkpoint_exists(condition_dir(params, kind)):
+        if not cache.checkpoint_exists(condition_dir(params, kind)):
             raise ResultsMissing(
                 f"no cached {kind!r} checkpoint for {params['model']} with these parameters "
                 f"({condition_dir(params, kind)}): run notebooks/04_vl_adaptation.ipynb first with the same "
@@ -152,20 +158,24 @@ def load_pair(lm: Loaded, params: Mapping[str, Any]) -> Pair:
 # ---------------------------------------------------------------------------------------
 # cached evaluations (a rerun of a chapter skips finished work)
 
+EVAL_VERSION = 1  # part of every evaluation key: bump it only to invalidate every cached evaluation
 
-def cached_json(key_params: Mapping[str, Any], compute: Callable[[], dict], folder: str = "evals",
-                refresh: bool = False) -> dict:
-    """Return compute() and store it as JSON under cache_dir()/folder/<key>.json; reuse it next time."""
-    key = vl.checkpoint_key(dict(key_params))
-    path = cache_dir() / folder / f"{key}.json"
-    if path.exists() and not refresh:
-        return json.loads(path.read_text())
-    value = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, default=float))
-    tmp.rename(path)
-    return value
+
+def sink_settings(model: torch.nn.Module, last_k_layers: int, max_tokens: int) -> dict:
+    """The Sink Strength settings of an evaluation (K clamped to the model's depth)."""
+    return {"max_tokens": max_tokens, "last_k_layers": clamp_last_k(last_k_layers, model)}
+
+
+def evaluation_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Mapping[str, int], seed: int,
+                   prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int, eval_batch_size: int,
+                   key_extra: Mapping[str, Any] | None = None) -> dict:
+    """The parameters that identify one evaluated condition (hashed by `sinklib.cache.key`)."""
+    key = {"pair": dict(pair_params), "condition": condition, "eval_n": dict(eval_n), "seed": seed,
+           "prompts": prompts, "sink": dict(sink_kwargs), "vqa_n": vqa_n, "eval_batch_size": eval_batch_size,
+           "version": EVAL_VERSION}
+    if key_extra:
+        key["extra"] = dict(key_extra)
+    return key
 
 
 def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mapping[str, int], seed: int = 0,
@@ -180,10 +190,8 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
     from . import evals, sink
 
     eval_n = {k: check_int(f"eval_n[{k}]", v, 0, 10**6) for k, v in dict(eval_n).items()}
-    key = {"pair": pair.params, "condition": condition, "eval_n": eval_n, "seed": seed, "prompts": prompts,
-           "sink": dict(sink_kwargs), "vqa_n": vqa_n, "eval_batch_size": eval_batch_size, "version": 1}
-    if key_extra:
-        key["extra"] = dict(key_extra)
+    key = evaluation_key(pair.params, condition, eval_n=eval_n, seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
+                         vqa_n=vqa_n, eval_batch_size=eval_batch_size, key_extra=key_extra)
 
     def compute() -> dict:
         model = pair.load_into(lm.model, condition)
@@ -195,11 +203,102 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
             vqa = None
             if vqa_n and condition != "text_only" and pair.projector is not None:
                 acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
-                                         vqa_items(vqa_n, seed, pair.params["image_size"]))
+                                         vl.heldout_items(vqa_n, seed, pair.params["image_size"]))
                 vqa = [acc, n]
             return {"scores": evals.results_table(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
                     "seconds": {k: r.seconds for k, r in res.items()}}
         finally:
             pair.load_into(lm.model, "base")
 
-    return cached_json(key, compute, refresh=refresh)
+    return cache.cached_json(key, compute, refresh=refresh)
+
+
+# ---------------------------------------------------------------------------------------
+# score changes, the strict-format mean and the panel rows (chapter 4 -> chapters 5 and 6)
+
+#: the (suite, metric) pairs chapter 4 compares between conditions, in table order
+MAIN_METRICS: tuple[tuple[str, str], ...] = (("instructions", "strict"), ("instructions", "lenient"),
+                                             ("math", "strict"), ("math", "lenient"), ("knowledge", "acc"),
+                                             ("perplexity", "ppl"))
+#: the format-sensitive scores whose mean is "the strict-format score" of a condition
+STRICT_METRICS: tuple[str, ...] = ("instructions strict", "math strict")
+
+
+def score_table(evaluations: Mapping[tuple[str, str], dict]) -> pd.DataFrame:
+    """{(model, condition): evaluate_condition(...)} -> one row per (model, condition, suite, metric)."""
+    return pd.DataFrame([{"model": name, "condition": cond, **r}
+                         for (name, cond), ev in evaluations.items() for r in ev["scores"]])
+
+
+def score_deltas(scores: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")) -> pd.DataFrame:
+    """Change of every main metric from the base model: columns model, condition, metric ('suite metric'), change."""
+    rows = []
+    for name in dict.fromkeys(scores.model):
+        base = scores[(scores.model == name) & (scores.condition == "base")].set_index(["suite", "metric"]).score
+        for cond in conditions:
+            cur = scores[(scores.model == name) & (scores.condition == cond)].set_index(["suite", "metric"]).score
+            for s, m in MAIN_METRICS:
+                if (s, m) in base.index:
+                    rows.append({"model": name, "condition": cond, "metric": f"{s} {m}",
+                                 "change": cur[(s, m)] - base[(s, m)]})
+    return pd.DataFrame(rows)
+
+
+def strict_mean(scores: Mapping[str, float] | pd.DataFrame) -> float | pd.Series:
+    """Mean of the strict-format scores (`STRICT_METRICS`): of a mapping 'suite metric' -> score (the
+    metrics it holds), or per row of a frame with those columns."""
+    if isinstance(scores, pd.DataFrame):
+        return scores[list(STRICT_METRICS)].mean(axis=1)
+    return float(np.mean([scores[k] for k in STRICT_METRICS if k in scores]))
+
+
+def condition_row(name: str, condition: str, evaluation: dict) -> dict:
+    """One evaluated condition as a flat row: model, condition, S, VQA (%), and 'suite metric' -> score."""
+    vqa = evaluation["vqa"]
+    row = {"model": name, "condition": condition, "S": evaluation["S"], "VQA (%)": 100 * vqa[0] if vqa else np.nan}
+    row.update({f"{r['suite']} {r['metric']}": r["score"] for r in evaluation["scores"]})
+    return row
+
+
+def panel_row(name: str, S: float, qk_norm: str, changes: Mapping[str, float]) -> dict:
+    """The measured panel row of one adapted pair: `changes` maps 'suite metric' -> change under VL (points)."""
+    from .panel_schema import task_column
+
+    row = {"pair": f"{name}+VL (this book)", "vlm": f"{name} adapted by sinklib.vl", "llm": name, "S": float(S),
+           "qk_norm": qk_norm, "source": "measured: notebook 04"}
+    row.update({task_column(metric): float(v) for metric, v in changes.items()})
+    return row
+
+
+def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
+    """Chapter 4's results as later chapters read them: (pair_params by model, chapter 4's
+    parameters, provenance). ParameterError names a model chapter 4 did not adapt."""
+    from .book import load_results
+
+    ch4 = load_results("04_vl_adaptation")
+    pp = ch4["results"]["pair_params"]
+    missing = [m for m in models if m not in pp]
+    if missing:
+        raise ParameterError(f"parameter 'models' names {missing}, but chapter 4 built pairs only for "
+                             f"{sorted(pp)}: rerun notebooks/04_vl_adaptation.ipynb with those models")
+    return pp, ch4["parameters"], ch4["provenance"]
+
+
+# ---------------------------------------------------------------------------------------
+# the parameters of chapter 4 (the recipe's ranges are those of pair_params)
+
+CHAPTER4_PARAMS = {
+    **MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
+    "stage1_steps": integer(0, 10**6),
+    "stage2_steps": integer(1, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
+    "lr_lm": number(0.0, 1.0), "lr_projector_stage2": optional(number(0.0, 1.0)), "schedule": choice(vl.SCHEDULES),
+    "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
+    "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
+    **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
+
+
+def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
+    """`pair_params` of one model from a notebook's validated parameters (chapter 4's recipe keys)."""
+    keys = ("seed", "image_size", "stage1_steps", "stage2_steps", "batch_size", "lr_projector", "lr_lm",
+            "lr_projector_stage2", "schedule")
+    return pair_params(name, weights=weights, **{k: params[k] for k in keys})

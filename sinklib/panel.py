@@ -1,40 +1,21 @@
 """Panel statistics: does Sink Strength S rank the text-capability change of VLM-LLM pairs?
 
-A *panel* is one row per VLM-LLM pair. The CSV schema (``validate_panel`` enforces it):
-
-=========  ========  ===========================================================
-column     type      meaning
-=========  ========  ===========================================================
-pair       str       unique short id of the pair, e.g. ``qwen2.5-vl``
-vlm        str       the vision-language model (may be empty when unnamed)
-llm        str       the reference LLM whose S is measured (may be empty)
-S          float     Sink Strength of the reference LLM (empty = not measured)
-qk_norm    str       QK-norm type of the backbone: ``none``, ``per_head``, ``layerwise``
-delta_*    float     one column per task: post-VL score minus pre-VL score, in points
-                     (empty = not reported / not measured)
-source     str       where the row's numbers come from (non-empty)
-=========  ========  ===========================================================
-
-Other columns (``note``, ``results_file``) are carried along and ignored by the statistics.
-
-Statistics (scipy / statsmodels do the work):
+The panel itself (CSV schema, validation, measured rows) is `sinklib.panel_schema`; the test of
+whether S adds anything beyond the QK-norm type is `sinklib.architecture`. Both are re-exported
+here, so `panel.read_panel`, `panel.architecture_test`, ... work. Statistics (scipy / statsmodels
+do the work):
 
 * ``spearman``: rho, an exact permutation p-value over all n! orderings for n <= 10
   (Monte Carlo beyond), a bootstrap and a Fisher-z confidence interval;
 * ``lopo``: leave-one-pair-out OLS prediction of the change from S against the constant
   baseline, as mean absolute error in points;
 * ``per_task``: ``spearman`` for every ``delta_*`` column, never raising on small n;
-* ``architecture_test``: does S add anything beyond the QK-norm type? Nested OLS models,
-  a partial Spearman correlation with an exact within-architecture permutation p-value,
-  and small-n caveats computed from the panel;
 * ``availability``: for every task, what can be computed and, if not, why;
-* ``panel_summary``: all of the above as tables, for a panel of any size.
+* ``panel_summary``: all of the above and the architecture test as tables, for a panel of any size.
 """
 from __future__ import annotations
 
-import csv
 import itertools
-import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -46,186 +27,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .resources import data_path, results_dir as _default_results_dir
+from .anatomy import QK_NORM_TYPES
 from .errors import PanelError
+from .panel_schema import (PAPER_CSV, REQUIRED_COLUMNS, STRICT_TASK, TASK_PREFIX, collect_panel_rows, read_panel, task_column,
+                           task_columns, usable, validate_panel)
+from .params import COMMON, check_str, integer, list_of, number, text
 from .plots import QK_NORM_COLORS
 
-REQUIRED_COLUMNS: tuple[str, ...] = ("pair", "vlm", "llm", "S", "qk_norm", "source")
-TASK_PREFIX = "delta_"
-QK_NORM_TYPES: tuple[str, ...] = ("none", "per_head", "layerwise")
-PAPER_CSV: Path = data_path("paper_reported.csv")
 QK_PALETTE: dict[str, str] = QK_NORM_COLORS  # the book's colours, from sinklib.plots
 _ALTERNATIVES = ("two-sided", "greater", "less")
 _FISHER_SE = ("bonett-wright", "fieller", "pearson")
-
-
-# --------------------------------------------------------------------------- schema
-
-
-def task_columns(df: pd.DataFrame) -> list[str]:
-    """The task-change columns of a panel (names starting with ``delta_``), in column order."""
-    return [c for c in df.columns if str(c).startswith(TASK_PREFIX)]
-
-
-def _is_blank(v: Any) -> bool:
-    if v is None:
-        return True
-    if isinstance(v, float) and math.isnan(v):
-        return True
-    return isinstance(v, str) and not v.strip()
-
-
-def _label(df: pd.DataFrame, i: int) -> str:
-    pair = df["pair"].iloc[i] if "pair" in df.columns else None
-    return f"row {i + 1}" + ("" if _is_blank(pair) else f" (pair {str(pair).strip()!r})")
-
-
-def validate_panel(df: pd.DataFrame, *, min_rows: int = 0, where: str = "panel") -> pd.DataFrame:
-    """Check a panel against the schema and return a cleaned copy.
-
-    Cleaned: strings stripped, ``S`` and ``delta_*`` as float (blank -> NaN), index 0..n-1.
-    Raises PanelError naming the problem: a missing column, no task column, an empty or
-    duplicate pair id, an unknown qk_norm value, a non-numeric or infinite number, an
-    empty source, or fewer than ``min_rows`` rows. ``where`` names the panel in messages.
-    """
-    if not isinstance(df, pd.DataFrame):
-        raise PanelError(f"{where}: expected a pandas DataFrame, got {type(df).__name__}")
-    dup_cols = sorted({str(c) for c in df.columns if list(df.columns).count(c) > 1})
-    if dup_cols:
-        raise PanelError(f"{where}: duplicate column name(s) {dup_cols}; each column may appear once")
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise PanelError(
-            f"{where}: missing column(s) {missing}; a panel needs {list(REQUIRED_COLUMNS)} "
-            f"plus at least one '{TASK_PREFIX}<task>' column; found {list(map(str, df.columns))}"
-        )
-    tasks = task_columns(df)
-    if not tasks:
-        raise PanelError(
-            f"{where}: no task-change column; add at least one column named "
-            f"'{TASK_PREFIX}<task>' (e.g. {TASK_PREFIX}ifeval) holding the change in points"
-        )
-    out = df.copy().reset_index(drop=True)
-    for c in out.columns:
-        if c not in ("S", *tasks):
-            out[c] = [v.strip() if isinstance(v, str) else v for v in out[c]]
-
-    blank_pairs = [_label(out, i) for i, v in enumerate(out["pair"]) if _is_blank(v)]
-    if blank_pairs:
-        raise PanelError(f"{where}: empty pair id in {', '.join(blank_pairs)}; every row needs one")
-    out["pair"] = out["pair"].astype(str)
-    dup = out["pair"][out["pair"].duplicated(keep=False)]
-    if len(dup):
-        rows = {p: [i + 1 for i in dup.index[dup == p]] for p in dict.fromkeys(dup)}
-        desc = "; ".join(f"{p!r} in rows {r}" for p, r in rows.items())
-        raise PanelError(f"{where}: duplicate pair id(s): {desc}; each pair may appear once")
-
-    bad_qk = [
-        f"{_label(out, i)}: {v!r}" for i, v in enumerate(out["qk_norm"]) if _is_blank(v) or v not in QK_NORM_TYPES
-    ]
-    if bad_qk:
-        raise PanelError(f"{where}: qk_norm must be one of {list(QK_NORM_TYPES)}; got {'; '.join(bad_qk)}")
-
-    for c in ("S", *tasks):
-        col = out[c]
-        values: list[float] = []
-        bad: list[str] = []
-        for i, v in enumerate(col):
-            if _is_blank(v):
-                values.append(float("nan"))
-                continue
-            try:
-                if isinstance(v, bool):
-                    raise ValueError
-                f = float(v.strip()) if isinstance(v, str) else float(v)
-            except (TypeError, ValueError):
-                bad.append(f"{_label(out, i)}: {v!r}")
-                continue
-            if not math.isfinite(f):
-                bad.append(f"{_label(out, i)}: {v!r} (not finite)")
-                continue
-            values.append(f)
-        if bad:
-            raise PanelError(
-                f"{where}: column {c!r} must hold numbers (leave a cell empty when the value "
-                f"is unknown); non-numeric value(s): {'; '.join(bad)}"
-            )
-        out[c] = np.asarray(values, dtype=float)
-
-    blank_src = [_label(out, i) for i, v in enumerate(out["source"]) if _is_blank(v)]
-    if blank_src:
-        raise PanelError(f"{where}: empty source in {', '.join(blank_src)}; say where each row's numbers come from")
-    for c in ("vlm", "llm"):
-        out[c] = ["" if _is_blank(v) else str(v) for v in out[c]]
-
-    if len(out) < min_rows:
-        raise PanelError(
-            f"{where}: {len(out)} pair(s) ({', '.join(out['pair']) or 'none'}); "
-            f"at least {min_rows} are needed"
-        )
-    return out
-
-
-def read_panel(path: str | Path | None = None, *, min_rows: int = 0) -> pd.DataFrame:
-    """Read and validate a panel CSV (``None`` or ``""``: ``data/paper_reported.csv``)."""
-    p = PAPER_CSV if path is None or (isinstance(path, str) and not path.strip()) else Path(path)
-    if not p.is_file():
-        raise PanelError(f"panel CSV {str(p)!r} does not exist; pass an existing file or '' for {PAPER_CSV.name}")
-    try:
-        with open(p, newline="", encoding="utf-8") as fh:
-            lines = [r for r in csv.reader(fh) if any(c.strip() for c in r)]
-    except (csv.Error, UnicodeDecodeError) as e:
-        raise PanelError(f"panel CSV {str(p)!r} cannot be parsed as CSV: {e}") from None
-    if not lines:
-        raise PanelError(f"panel CSV {str(p)!r} is empty; it needs a header row {list(REQUIRED_COLUMNS)} + delta_* columns")
-    header = [h.strip() for h in lines[0]]
-    ragged = [f"line {i + 2} has {len(r)} fields" for i, r in enumerate(lines[1:]) if len(r) != len(header)]
-    if ragged:
-        raise PanelError(f"panel CSV {p.name}: the header has {len(header)} columns but {'; '.join(ragged)} "
-                         "(quote values that contain commas)")
-    raw = pd.DataFrame(lines[1:], columns=header, dtype=object)
-    return validate_panel(raw, min_rows=min_rows, where=f"panel CSV {p.name}")
-
-
-def _results_dir(results_dir: str | Path | None) -> Path:
-    if results_dir is not None:
-        return Path(results_dir)
-    return _default_results_dir(create=False)
-
-
-def collect_panel_rows(results_dir: str | Path | None = None) -> pd.DataFrame:
-    """All measured pairs: ``results.panel_rows`` of every ``*.json`` in the results folder.
-
-    The folder is ``results_dir``, else ``sinklib.resources.results_dir()``. Files
-    without ``panel_rows`` are skipped; a ``results_file`` column names each row's file.
-    Returns an empty frame with the schema columns when there are no rows; the rows found
-    are validated (PanelError names the file on a malformed JSON or a bad row).
-    """
-    d = _results_dir(results_dir)
-    rows: list[dict] = []
-    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
-        try:
-            doc = json.loads(f.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PanelError(f"results file {str(f)!r} is not valid JSON: {e}") from None
-        res = doc.get("results") if isinstance(doc, dict) else None
-        pr = res.get("panel_rows") if isinstance(res, dict) else None
-        if pr is None:
-            continue
-        if not isinstance(pr, list) or not all(isinstance(r, dict) for r in pr):
-            raise PanelError(f"results file {f.name}: results.panel_rows must be a list of objects (one per pair)")
-        rows.extend({**r, "results_file": f.name} for r in pr)
-    if not rows:
-        return pd.DataFrame(columns=[*REQUIRED_COLUMNS, "results_file"])
-    return validate_panel(pd.DataFrame(rows), where=f"measured panel in {d}")
-
-
-def usable(df: pd.DataFrame, task: str, predictor: str = "S") -> pd.DataFrame:
-    """The rows of a validated panel where both ``predictor`` and ``task`` are present."""
-    for c in (predictor, task):
-        if c not in df.columns:
-            raise PanelError(f"panel has no column {c!r}; task columns are {task_columns(df)}")
-    return df[df[predictor].notna() & df[task].notna()].reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- Spearman
@@ -304,7 +115,7 @@ def spearman_permutation(
 
     The ranks of ``x`` are permuted against those of ``y`` (ties keep their average
     ranks). For n <= ``exact_max_n`` every one of the n! orderings is enumerated (exact;
-    n = 10 takes about 15 s on one core); beyond, ``n_perm`` random orderings (Monte
+    n! grows fast: 3.6 million orderings at n = 10); beyond, ``n_perm`` random orderings (Monte
     Carlo, p = (k + 1) / (n_perm + 1)).
     """
     x, y = _check_xy(x, y)
@@ -602,191 +413,6 @@ def per_task(df: pd.DataFrame, tasks: Sequence[str] | None = None, **spearman_kw
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- architecture
-
-
-def _dummies(groups: Sequence[str]) -> np.ndarray:
-    """Intercept + treatment dummies of the groups: [n, k]."""
-    g = np.asarray(groups, dtype=object)
-    levels = sorted(set(g), key=lambda v: QK_NORM_TYPES.index(v) if v in QK_NORM_TYPES else len(QK_NORM_TYPES))
-    cols = [np.ones(len(g))] + [(g == lv).astype(float) for lv in levels[1:]]
-    return np.column_stack(cols)
-
-
-def _residual_maker(groups: Sequence[str]) -> np.ndarray:
-    """M = I - D (D'D)^+ D': residuals after removing group means. [n, n]"""
-    d = _dummies(groups)
-    return np.eye(len(d)) - d @ np.linalg.pinv(d)
-
-
-def partial_spearman(x: Sequence[float], y: Sequence[float], groups: Sequence[str]) -> float:
-    """Spearman rho of x and y controlling for a categorical ``groups``.
-
-    Both are turned into ranks over the whole panel, the group means are removed from the
-    ranks (OLS on group dummies), and the residuals are correlated (Pearson). NaN when
-    either residual is zero (x or y constant within every group).
-    """
-    x, y = _check_xy(x, y, "partial Spearman rho")
-    m = _residual_maker(groups)
-    ex, ey = m @ stats.rankdata(x), m @ stats.rankdata(y)
-    if np.allclose(ex, 0) or np.allclose(ey, 0):
-        return float("nan")
-    return float(stats.pearsonr(ex, ey).statistic)
-
-
-@dataclass(frozen=True)
-class ArchitectureResult:
-    """Does S add anything beyond the QK-norm type? Nested models, partial rho, caveats."""
-
-    task: str
-    n: int
-    group_sizes: dict[str, int]
-    r2_architecture: float  # R^2 of change ~ qk_norm
-    r2_full: float  # R^2 of change ~ qk_norm + S
-    r2_S_on_architecture: float  # how much of S the architecture already explains
-    df_resid_full: int
-    f_stat: float
-    f_pvalue: float
-    lr_stat: float
-    lr_pvalue: float
-    partial_rho: float
-    partial_p: float
-    partial_p_method: str
-    n_within_orderings: int  # distinct within-architecture orderings of S (prod of n_g!)
-    min_attainable_p: float  # smallest p the within-architecture permutation test can reach
-    caveats: list[str]
-    anova: pd.DataFrame | None = field(default=None, repr=False)
-
-
-def architecture_test(
-    df: pd.DataFrame,
-    task: str,
-    *,
-    alternative: str = "two-sided",
-    exact_max: int = 200_000,
-    n_perm: int = 9999,
-    seed: int = 0,
-    level: float = 0.05,
-) -> ArchitectureResult:
-    """Compare ``change ~ C(qk_norm)`` with ``change ~ C(qk_norm) + S`` and compute the partial Spearman rho.
-
-    Nested OLS (statsmodels): F test (``anova_lm``) and likelihood-ratio test
-    (``compare_lr_test``); both are NaN when the full model leaves no residual degree of
-    freedom or S is collinear with the architecture. The partial rho's p-value permutes S
-    only *within* architecture groups (the null "S adds nothing beyond the QK-norm type"):
-    exact over all prod(n_g!) orderings when that is <= ``exact_max``, Monte Carlo otherwise.
-    ``caveats`` states, in numbers, what this n can and cannot show at significance ``level``.
-    """
-    import statsmodels.formula.api as smf
-    from statsmodels.stats.anova import anova_lm
-
-    _check_alternative(alternative)
-    d = usable(df, task)
-    n = len(d)
-    if n < 3:
-        raise PanelError(f"the architecture test on {task} needs at least 3 pairs with S and {task}, got {n}")
-    x = d["S"].to_numpy(float)
-    y = d[task].to_numpy(float)
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        raise PanelError(f"the architecture test on {task} is undefined: S or {task} is constant over the {n} pairs")
-    groups = d["qk_norm"].tolist()
-    sizes = {g: int(c) for g, c in pd.Series(groups).value_counts().items()}
-    sizes = {g: sizes[g] for g in QK_NORM_TYPES if g in sizes}
-    k = len(sizes)
-    data = pd.DataFrame({"y": y, "S": x, "qk": groups})
-    arch_formula = "y ~ C(qk)" if k > 1 else "y ~ 1"
-    m0 = smf.ols(arch_formula, data).fit()
-    with warnings.catch_warnings():  # rank deficiency is detected below and reported as a caveat
-        warnings.simplefilter("ignore")
-        m1 = smf.ols(arch_formula + " + S", data).fit()
-    rank_full = int(np.linalg.matrix_rank(m1.model.exog))
-    collinear = rank_full < m1.model.exog.shape[1]
-    df_resid = n - rank_full
-    s_on_arch = smf.ols("S ~ C(qk)", data).fit().rsquared if k > 1 else 0.0
-
-    caveats = [
-        f"n = {n} pairs in {k} QK-norm group(s) ({', '.join(f'{g}: {c}' for g, c in sizes.items())}); "
-        f"the model change ~ architecture + S has {m1.model.exog.shape[1]} coefficients and "
-        f"{df_resid} residual degree(s) of freedom."
-    ]
-    if k == 1:
-        caveats.append(f"All pairs share qk_norm = {groups[0]!r}: the architecture question cannot be asked "
-                       "on this panel; the nested test reduces to 'does S predict the change at all'.")
-    else:
-        caveats.append(f"The architecture alone explains {s_on_arch:.0%} of the variance of S "
-                       f"(R^2 of S ~ qk_norm) and {m0.rsquared:.0%} of the variance of the change.")
-    singles = [g for g, c in sizes.items() if c == 1]
-    if singles:
-        caveats.append(f"{len(singles)} of {k} group(s) ({', '.join(singles)}) hold a single pair and carry no "
-                       "within-architecture information about S.")
-
-    if collinear or df_resid <= 0:
-        f_stat = f_p = lr = lr_p = float("nan")
-        table = None
-        caveats.append("S is a linear function of the architecture on this panel (collinear): the nested models "
-                       "cannot be told apart." if collinear else
-                       "The full model fits every pair exactly (no residual degrees of freedom): no F or "
-                       "likelihood-ratio test is possible.")
-    else:
-        table = anova_lm(m0, m1)
-        f_stat, f_p = float(table["F"].iloc[1]), float(table["Pr(>F)"].iloc[1])
-        lr, lr_p, _ = m1.compare_lr_test(m0)
-        lr, lr_p = float(lr), float(lr_p)
-        if df_resid < 5:
-            caveats.append(f"With {df_resid} residual degree(s) of freedom the F and likelihood-ratio p-values "
-                           "rest almost entirely on the assumption of normal errors (the LR test's chi-square "
-                           "approximation is also poor at this n).")
-
-    # partial Spearman with a within-architecture permutation test
-    rx, ry = stats.rankdata(x), stats.rankdata(y)
-    mres = _residual_maker(groups)
-    ey = mres @ ry
-    n_orders = int(np.prod([math.factorial(c) for c in sizes.values()]))
-    obs = partial_spearman(x, y, groups)
-    if math.isnan(obs):
-        part_p, method, min_p = float("nan"), "", float("nan")
-        caveats.append("S (or the change) does not vary within any architecture group, so the partial "
-                       "Spearman rho is undefined.")
-    else:
-        idx_groups = [np.flatnonzero(np.asarray(groups, dtype=object) == g) for g in sizes]
-        if n_orders <= exact_max:
-            perms = []
-            for combo in itertools.product(*(itertools.permutations(ix) for ix in idx_groups)):
-                p = np.arange(n)
-                for ix, c in zip(idx_groups, combo):
-                    p[ix] = c
-                perms.append(p)
-            perm_idx = np.array(perms)
-            method = "exact"
-        else:
-            rng = np.random.default_rng(seed)
-            perm_idx = np.tile(np.arange(n), (int(n_perm), 1))
-            for ix in idx_groups:
-                perm_idx[:, ix] = rng.permuted(np.tile(ix, (int(n_perm), 1)), axis=1)
-            method = "monte carlo"
-        ex = rx[perm_idx] @ mres.T  # [m, n]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            null = (ex @ ey) / np.sqrt((ex * ex).sum(axis=1) * (ey @ ey))
-        part_p = pvalue_from_null(obs, null, alternative=alternative, monte_carlo=method == "monte carlo")
-        if method == "exact":
-            extreme = null.max() if alternative != "less" else null.min()
-            min_p = pvalue_from_null(float(extreme), null, alternative=alternative)
-            if alternative == "two-sided":
-                min_p = min(min_p, pvalue_from_null(float(null.min()), null, alternative="two-sided"))
-        else:
-            min_p = (1 if alternative != "two-sided" else 2) / n_orders
-        caveats.append(f"S can be reordered within architecture groups in only {n_orders} way(s), so no "
-                       f"within-architecture permutation test can give p below {min_p:.3g}"
-                       + (f" (above {level}: this panel cannot show that S adds to the architecture, "
-                          "whatever the data)." if min_p > level else "."))
-    return ArchitectureResult(
-        task=task, n=n, group_sizes=sizes, r2_architecture=float(m0.rsquared), r2_full=float(m1.rsquared),
-        r2_S_on_architecture=float(s_on_arch), df_resid_full=int(df_resid), f_stat=f_stat, f_pvalue=f_p,
-        lr_stat=lr, lr_pvalue=lr_p, partial_rho=obs, partial_p=part_p, partial_p_method=method,
-        n_within_orderings=n_orders, min_attainable_p=float(min_p), caveats=caveats, anova=table,
-    )
-
-
 # --------------------------------------------------------------------------- what can be computed
 
 
@@ -855,63 +481,50 @@ def panel_summary(
     }
 
 
-# --------------------------------------------------------------------------- figure
 
 
-def scatter_panel(df: pd.DataFrame, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 3,
-                  axes: Sequence[Any] | None = None):
-    """One scatter per task: S (x) against the change in points (y), labelled by pair, coloured by qk_norm.
+def measured_statistic(summary: dict[str, pd.DataFrame] | None, stat: str, tasks: Sequence[str] = (STRICT_TASK,)) -> str:
+    """One statistic of a measured panel's `panel_summary` as text: 'rho' (with n, task, p) or 'lopo'
+    (model vs constant MAE), on the first of `tasks` the summary has (else its first task)."""
+    if summary is None:
+        return "n/a: no measured pairs (run chapter 4)"
+    rho_t = summary["rho"].set_index("task")
+    lopo_t = summary["lopo"].set_index("task")
+    task = next((t for t in tasks if t in rho_t.index), rho_t.index[0] if len(rho_t) else None)
+    if task is None:
+        return "n/a: no task columns"
+    if stat == "rho":
+        r = rho_t.loc[task]
+        return f"{r['rho']:.3f} (n = {r['n']}, {task}, p = {r['p_value']:.3g})" if np.isfinite(r["rho"]) else f"n/a: {r['note']}"
+    r = lopo_t.loc[task]
+    return (f"{r['mae_model']:.2f} pt vs {r['mae_constant']:.2f} pt (n = {r['n']}, {task})"
+            if np.isfinite(r["mae_model"]) else f"n/a: {r['note']}")
 
-    Returns the matplotlib Figure (a new one, or the one holding ``axes``: one Axes per
-    plotted task). Tasks with no pair holding both values are skipped; each panel's title
-    gives Spearman rho when at least 3 pairs are available.
-    """
-    import matplotlib.pyplot as plt
 
-    tasks = [t for t in (list(tasks) if tasks is not None else task_columns(df)) if len(usable(df, t))]
-    if not tasks:
-        raise PanelError("nothing to plot: no task has a pair with both S and the change")
-    if axes is None:
-        ncols = max(1, min(ncols, len(tasks)))
-        nrows = math.ceil(len(tasks) / ncols)
-        fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
-        ax_list = list(grid.flat)
-    else:
-        ax_list = list(axes)
-        if len(ax_list) < len(tasks):
-            raise PanelError(f"scatter_panel got {len(ax_list)} axes for {len(tasks)} tasks {tasks}")
-        fig = ax_list[0].figure
-    for ax, t in zip(ax_list, tasks):
-        d = usable(df, t)
-        for g in QK_NORM_TYPES:
-            s = d[d["qk_norm"] == g]
-            if len(s):
-                ax.scatter(s["S"], s[t], color=QK_PALETTE[g], label=g, s=45, edgecolor="black", linewidth=0.5)
-        for _, r in d.iterrows():
-            ax.annotate(r["pair"], (r["S"], r[t]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        ax.axhline(0, color="grey", lw=0.8, ls=":")
-        sub = t[len(TASK_PREFIX):]
-        if len(d) >= 3 and np.ptp(d["S"]) > 0 and np.ptp(d[t]) > 0:
-            sub += f"  (rho = {stats.spearmanr(d['S'], d[t]).statistic:.2f}, n = {len(d)})"
-        else:
-            sub += f"  (n = {len(d)})"
-        ax.set_title(sub, fontsize=10)
-        ax.set_xlabel("Sink Strength S (log-odds)")
-        ax.set_ylabel("change after VL adaptation (points)")
-        ax.legend(title="QK-norm", fontsize=8, title_fontsize=8)
-    for ax in ax_list[len(tasks):]:
-        ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+# --------------------------------------------------------------------------- the parameters of chapter 5
 
+
+def _panel_csv(name: str, value: Any) -> str:
+    value = check_str(name, value, nonempty=False)
+    if value.strip() and not Path(value).is_file():
+        raise PanelError(f"parameter {name!r} = {value!r}: no such file; use '' for data/paper_reported.csv")
+    return value
+
+
+CHAPTER5_PARAMS = {
+    "seed": integer(0), "n_sim": integer(100), "true_rhos": list_of(number(-1.0, 1.0)),
+    "panel_sizes": list_of(integer(3, 1000)), "n_boot": integer(99), "n_perm": integer(99),
+    "exact_max_n": integer(3, 10), "ci_level": number(0.5, 0.999), "panel_csv": _panel_csv,
+    "results_dir": text(nonempty=False), **COMMON}
+
+from .architecture import ArchitectureResult, architecture_test, partial_spearman  # noqa: E402  (uses this module)
+from .plots import scatter_panel  # noqa: E402
 
 __all__ = [
-    "REQUIRED_COLUMNS", "TASK_PREFIX", "QK_NORM_TYPES", "PAPER_CSV", "QK_PALETTE",
-    "task_columns", "validate_panel", "read_panel", "collect_panel_rows", "usable",
-    "rho_from_d2", "d2_from_rho", "PermutationResult", "spearman_permutation", "rho_null",
-    "pvalue_from_null", "fisher_ci", "bootstrap_ci", "SpearmanResult", "spearman",
+    "REQUIRED_COLUMNS", "TASK_PREFIX", "QK_NORM_TYPES", "PAPER_CSV", "QK_PALETTE", "STRICT_TASK",
+    "task_column", "task_columns", "measured_statistic", "CHAPTER5_PARAMS", "validate_panel", "read_panel",
+    "collect_panel_rows", "usable", "rho_from_d2", "d2_from_rho", "PermutationResult", "spearman_permutation",
+    "rho_null", "pvalue_from_null", "fisher_ci", "bootstrap_ci", "SpearmanResult", "spearman",
     "tie_configurations", "simulate_rho", "LopoResult", "lopo", "constant_lopo_mae", "per_task",
     "partial_spearman", "ArchitectureResult", "architecture_test", "availability", "panel_summary",
     "scatter_panel",

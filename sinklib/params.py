@@ -1,11 +1,16 @@
 """Validation of notebook parameters (papermill may pass any JSON type).
 
 Each check returns the (possibly coerced) value or raises ParameterError with a message
-that names the parameter, what it got, and what is allowed.
+that names the parameter, what it got, and what is allowed. A notebook declares its parameters
+once, as a schema (name -> check, built with `integer`, `number`, `choice`, `text`, `list_of`, ...;
+each chapter's schema lives in sinklib next to the functions that use the values), and validates
+them with one call: `params = validate(SCHEMA, globals())`.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .errors import ParameterError
@@ -92,3 +97,76 @@ def check_list(name: str, value: Any, item_check=None, min_len: int = 1) -> list
     if item_check is not None:
         value = [item_check(f"{name}[{i}]", v) for i, v in enumerate(value)]
     return value
+
+
+# ---------------------------------------------------------------------------------------
+# schemas: a notebook's parameters declared once, validated by one call
+
+Check = Callable[[str, Any], Any]
+
+
+@dataclass(frozen=True)
+class Dependent:
+    """A check that also sees the parameters validated before it: fn(name, value, checked) -> value."""
+
+    fn: Callable[[str, Any, dict], Any]
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Check:
+    """An integer in [lo, hi] (`check_int`)."""
+    return partial(check_int, lo=lo, hi=hi)
+
+
+def number(lo: float | None = None, hi: float | None = None) -> Check:
+    """A finite number in [lo, hi] (`check_float`)."""
+    return partial(check_float, lo=lo, hi=hi)
+
+
+def choice(choices: Iterable[Any]) -> Check:
+    """One of `choices` (`check_choice`)."""
+    return partial(check_choice, choices=tuple(choices))
+
+
+def text(nonempty: bool = True) -> Check:
+    """A string (`check_str`)."""
+    return partial(check_str, nonempty=nonempty)
+
+
+def boolean() -> Check:
+    """True or False (`check_bool`)."""
+    return check_bool
+
+
+def list_of(item: Check | None = None, min_len: int = 1) -> Check:
+    """A list whose items pass `item` (`check_list`)."""
+    return partial(check_list, item_check=item, min_len=min_len)
+
+
+def optional(check: Check) -> Check:
+    """None, or a value that passes `check`."""
+    return lambda name, value: None if value is None else check(name, value)
+
+
+def anything(name: str, value: Any) -> Any:
+    """No check (a value passed through as given, e.g. `device`, resolved later)."""
+    return value
+
+
+#: the parameters every notebook has
+COMMON: dict[str, Check] = {"profile": choice(("quick", "full", "colab"))}
+
+
+def validate(schema: Mapping[str, Check | Dependent], values: Mapping[str, Any]) -> dict:
+    """Check every parameter of `schema` in `values` (a notebook passes `globals()`), in schema order.
+
+    Returns {name: checked value} (what the notebook uses and saves as its `params`). A parameter
+    that fails raises ParameterError naming it, the value received and the values allowed; a
+    missing one raises ParameterError naming it.
+    """
+    out: dict[str, Any] = {}
+    for name, check in schema.items():
+        if name not in values:
+            raise ParameterError(f"parameter {name!r} is missing; the notebook's parameters cell must define it")
+        value = values[name]
+        out[name] = check.fn(name, value, out) if isinstance(check, Dependent) else check(name, value)
+    return out

@@ -9,16 +9,12 @@ from mergekit.merge_methods import merge_state_dicts, merge_tensors
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sinklib.errors import ParameterError
+from sinklib.inject import AlreadyHasQKNorm, inject_qk_norm, injection_error, recovery_finetune
 from sinklib.merge import (
-    MERGE_DEFAULTS,
-    MERGE_METHODS,
+    METHODS,
     SEVEN_SETTINGS,
-    AlreadyHasQKNorm,
-    inject_qk_norm,
-    injection_error,
     merge,
-    merge_backbone,
-    recovery_finetune,
+    merge_method,
     split_keys,
     star_truncate,
     task_vector_rank_truncate,
@@ -144,7 +140,7 @@ def test_seven_settings_registered_with_defaults_and_their_norm_rules():
     """With default parameters: the five shrinking settings move each tensor towards the
     base (Frobenius); STAR keeps lam x the nuclear norm of tau and DARE lam x its L1 norm,
     so those two can move a matrix FURTHER from the base in Frobenius norm."""
-    assert len(SEVEN_SETTINGS) == 7 and set(SEVEN_SETTINGS) <= set(MERGE_METHODS)
+    assert len(SEVEN_SETTINGS) == 7 and set(SEVEN_SETTINGS) <= set(METHODS)
     base, adapted = _pair(6)
     for name in SEVEN_SETTINGS:
         out = merge(base, adapted, name)
@@ -251,7 +247,17 @@ def test_parameter_errors_are_clear():
         merge(base, adapted, "ties", density=0.0)
     with pytest.raises(ParameterError, match="'lam'"):
         merge(base, adapted, "tsv", lam=1.5)
-    assert set(MERGE_DEFAULTS) == set(MERGE_METHODS)
+
+
+def test_merge_methods_are_self_describing_records():
+    for name, m in METHODS.items():
+        assert m.name == name and m.reference and set(m.defaults) == set(m.ranges)
+        assert merge(*_pair(2), name) is not None  # defaults from the signature are valid
+    assert METHODS["task_arithmetic"].defaults == {"lam": 0.7}
+    assert METHODS["tsv"].defaults == {"rank_fraction": 0.1, "lam": 1.0}
+    with pytest.raises(TypeError, match="ranges"):
+        merge_method("broken", "nowhere")(lambda base, adapted, *, lam=0.5, seed=0: base)
+    assert "broken" not in METHODS
 
 
 # ------------------------------------------------------------------ backbone merge in a VLM-like wrapper
@@ -276,29 +282,6 @@ class _TinyVLM(torch.nn.Module):
         super().__init__()
         self.language_model = lm
         self.projector = torch.nn.Linear(5, 64)
-
-
-def test_merge_backbone_merges_only_the_language_model():
-    base = _tiny_llama(0)
-    lm = _tiny_llama(1, vocab=100)  # "adapted" weights differ everywhere; vocabulary grew by 4 tokens
-    vlm = _TinyVLM(lm)
-    before = {k: v.clone() for k, v in vlm.state_dict().items()}
-    merged, report = merge_backbone(base, vlm, "uniform")
-    sd = merged.state_dict()
-    assert "projector.weight" in report["kept"] and "projector.weight" not in report["merged"]
-    assert "language_model.model.embed_tokens.weight" in report["shape_mismatch"]
-    assert "language_model.model.layers.0.self_attn.q_proj.weight" in report["merged"]
-    assert torch.equal(sd["projector.weight"], before["projector.weight"])
-    assert torch.equal(sd["language_model.model.embed_tokens.weight"], before["language_model.model.embed_tokens.weight"])
-    q = "layers.1.self_attn.q_proj.weight"
-    torch.testing.assert_close(sd["language_model.model." + q],
-                               0.5 * base.state_dict()["model." + q] + 0.5 * before["language_model.model." + q])
-    assert all(torch.equal(v, before[k]) for k, v in vlm.state_dict().items())  # not in place by default
-    with pytest.raises(ParameterError, match="key_map"):
-        merge_backbone(base, torch.nn.Linear(3, 3), "uniform")
-
-
-# ------------------------------------------------------------------ QK-RMSNorm injection
 
 
 def _ids(seed: int, vocab: int = 96, shape=(4, 24)) -> torch.Tensor:
@@ -387,11 +370,11 @@ def test_recovery_finetune_reduces_loss_is_seeded_and_can_train_only_gains():
     assert sum(runs[0][-3:]) / 3 < sum(runs[0][:3]) / 3 - 0.1
     new = inject_qk_norm(_tiny_llama(0), _ids(1))
     before = {k: v.clone() for k, v in new.state_dict().items()}
-    recovery_finetune(new, None, texts, steps=3, lr=1e-2, batch_size=2, seed=0, train="qk_norm", show_progress=False)
+    recovery_finetune(new, None, texts, steps=3, lr=1e-2, batch_size=2, seed=0, train_params="qk_norm", show_progress=False)
     changed = {k for k, v in new.state_dict().items() if not torch.equal(v, before[k])}
     assert changed and all(k.endswith(("q_norm.weight", "k_norm.weight")) for k in changed)
     assert all(p.requires_grad for p in new.parameters())  # restored
     with pytest.raises(ParameterError, match="qk_norm"):
-        recovery_finetune(_tiny_llama(0), None, texts, steps=1, train="qk_norm", show_progress=False)
+        recovery_finetune(_tiny_llama(0), None, texts, steps=1, train_params="qk_norm", show_progress=False)
     with pytest.raises(ParameterError, match="steps"):
         recovery_finetune(new, None, texts, steps=0)

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sinklib import cache as sk_cache
 from sinklib import pairs, vl
 from sinklib.errors import ParameterError, ResultsMissing
 from sinklib.models import tiny_model
@@ -71,7 +72,7 @@ def test_one_recipe_for_pairs_trainings_and_chapter_4():
 
 
 def test_vqa_items_are_held_out_and_fixed():
-    a, b = pairs.vqa_items(20, seed=0), pairs.vqa_items(20, seed=0)
+    a, b = vl.heldout_items(20, seed=0), vl.heldout_items(20, seed=0)
     assert [(x.question, x.answer) for x in a] == [(x.question, x.answer) for x in b]
     train = vl.batch_items(0, 20, seed=0, tag="lm")
     assert [x.question for x in a] != [x.question for x in train]
@@ -103,7 +104,7 @@ def test_cached_json_computes_once(cache):
         calls.append(1)
         return {"x": 1.5}
 
-    assert pairs.cached_json({"a": 1}, compute) == {"x": 1.5}
-    assert pairs.cached_json({"a": 1}, compute) == {"x": 1.5}
-    assert pairs.cached_json({"a": 2}, compute) == {"x": 1.5}
+    assert sk_cache.cached_json({"a": 1}, compute) == {"x": 1.5}
+    assert sk_cache.cached_json({"a": 1}, compute) == {"x": 1.5}
+    assert sk_cache.cached_json({"a": 2}, compute) == {"x": 1.5}
     assert len(calls) == 2

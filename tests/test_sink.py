@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import sink
+from sinklib import probe, sink
 from sinklib.errors import ParameterError
 from sinklib.models import tiny_model
 
@@ -152,12 +152,12 @@ def test_unregistered_attention_falls_back_with_warning(monkeypatch):
     lm = tiny_model("llama", seed=8)
     ids, att = _batch(lengths=(8, 6))
     ref = sink.record_sink(lm.model, ids, att).p
-    monkeypatch.setattr(sink, "probe_attention", lambda *a, **k: None)
+    monkeypatch.setattr(probe, "probe_attention", lambda *a, **k: None)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers import AttentionInterface
 
     AttentionInterface.register(sink.PROBE_NAME, sdpa_attention_forward)  # a registry entry that records nothing
-    monkeypatch.setattr(sink, "register_probe", lambda: None)
+    monkeypatch.setattr(probe, "register_probe", lambda: None)
     try:
         with pytest.warns(UserWarning, match="registry"):
             got = sink.record_sink(lm.model, ids, att).p

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import vl
+from sinklib import cache, train, vl
+from sinklib.vl.evaluate import _first_word
 from sinklib.errors import ParameterError, SinkbookError
 from sinklib.models import tiny_model
 
@@ -94,8 +95,8 @@ def test_answers_agree_with_the_rendered_pixels():
 def test_max_shapes_and_schedules():
     assert all(len(it.scene.shapes) == 1 for it in vl.batch_items(0, 20, max_shapes=1))
     assert max(len(it.scene.shapes) for it in vl.batch_items(0, 200)) == 4
-    const = vl._lr_lambda(20, 0.1, "constant")
-    cos = vl._lr_lambda(20, 0.1, "cosine")
+    const = train.lr_lambda(20, 0.1, "constant")
+    cos = train.lr_lambda(20, 0.1, "cosine")
     assert [const(i) for i in range(3)] == [0.5, 1.0, 1.0] and const(19) == 1.0
     assert cos(1) == 1.0 and cos(10) < 1.0 and cos(19) < 0.01
 
@@ -202,7 +203,7 @@ def test_cached_greedy_equals_naive_greedy(arch, text):
     assert fast == _naive_greedy(model, items, enc, proj, 3)
     assert any(fast)  # tokens were generated (not eos straight away)
     words = vl.vqa_predict(model, TOK, enc, proj, items, batch_size=4, max_new_tokens=3)
-    assert words == [vl._first_word(f) for f in fast]
+    assert words == [_first_word(f) for f in fast]
     opts = vl.vqa_predict(model, TOK, enc, proj, items, method="options", batch_size=4)
     assert all(p in vl.ANSWERS[it.qtype] for p, it in zip(opts, items))
 
@@ -261,6 +262,21 @@ def test_tiny_model_learns_a_trivial_vqa():
 # ---------------------------------------------------------------------------------------
 # weight deltas, random control, checkpoints
 
+def _delta_norms(base, sd):
+    return {k: float(torch.linalg.vector_norm(sd[k].double() - base[k].double())) for k in base
+            if base[k].is_floating_point()}
+
+
+def _delta_cosines(base, sd_a, sd_b):
+    out = {}
+    for k in base:
+        if base[k].is_floating_point():
+            da, db = (sd_a[k].double() - base[k].double()).flatten(), (sd_b[k].double() - base[k].double()).flatten()
+            na, nb = torch.linalg.vector_norm(da), torch.linalg.vector_norm(db)
+            out[k] = float(da @ db / (na * nb)) if na > 0 and nb > 0 else float("nan")
+    return out
+
+
 def test_random_direction_matches_norms_and_is_not_the_vl_direction():
     model = tiny(tie_word_embeddings=True)
     base = vl.clone_state_dict(model)
@@ -268,11 +284,11 @@ def test_random_direction_matches_norms_and_is_not_the_vl_direction():
     vl.train_vl(model, TOK, stage1_steps=0, stage2_steps=2, batch_size=4, lr_lm=1e-3, progress=False)
     adapted = vl.clone_state_dict(model)
     rand = vl.random_direction_like(base, adapted, seed=0)
-    want, got = vl.delta_norms(base, adapted), vl.delta_norms(base, rand)
+    want, got = _delta_norms(base, adapted), _delta_norms(base, rand)
     assert set(want) == set(got) and len(want) > 10
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-12), k
-    cos = vl.delta_cosines(base, adapted, rand)
+    cos = _delta_cosines(base, adapted, rand)
     big = [k for k in cos if base[k].numel() >= 4096 and want[k] > 0]
     assert big and max(abs(cos[k]) for k in big) < 0.1
     assert torch.equal(rand["lm_head.weight"], rand["model.embed_tokens.weight"])  # tied stays tied
@@ -291,26 +307,26 @@ def test_checkpoint_round_trip_and_key(tmp_path):
     model = tiny()
     r = vl.train_vl(model, TOK, stage1_steps=1, stage2_steps=1, batch_size=2, progress=False)
     params = {"model": "tiny-llama", "stage1_steps": 1, "stage2_steps": 1, "seed": 0}
-    key = vl.checkpoint_key(params)
-    assert key == vl.checkpoint_key(dict(reversed(list(params.items())))) and len(key) == 16
-    assert key != vl.checkpoint_key({**params, "seed": 1})
-    d = vl.checkpoint_dir(key, root=tmp_path)
-    assert not vl.checkpoint_exists(d)
+    key = cache.key(params)
+    assert key == cache.key(dict(reversed(list(params.items())))) and len(key) == 16
+    assert key != cache.key({**params, "seed": 1})
+    d = cache.checkpoint_dir(key, tmp_path)
+    assert not cache.checkpoint_exists(d)
     with pytest.raises(SinkbookError, match="no complete checkpoint"):
-        vl.load_checkpoint(d, tiny())
-    vl.save_checkpoint(d, model, r.projector, r.encoder, meta={"params": params})
-    assert vl.checkpoint_exists(d)
+        cache.load_checkpoint(d, tiny())
+    cache.save_checkpoint(d, model, r.projector, r.encoder, meta={"params": params})
+    assert cache.checkpoint_exists(d)
     fresh = tiny(seed=9)
-    ck = vl.load_checkpoint(d, fresh)
+    ck = cache.load_checkpoint(d, fresh)
     assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(v, ck.projector.state_dict()[k]) for k, v in r.projector.state_dict().items())
     assert all(torch.equal(v, ck.encoder.state_dict()[k]) for k, v in r.encoder.state_dict().items())
     assert ck.meta == {"params": params}
     with pytest.raises(ParameterError, match="does not fit"):
-        vl.load_checkpoint(d, tiny(hidden_size=32, head_dim=8))
+        cache.load_checkpoint(d, tiny(hidden_size=32, head_dim=8))
     # tied embeddings survive the round trip
     tied = tiny(tie_word_embeddings=True)
-    vl.save_checkpoint(tmp_path / "tied", tied)
-    back = vl.load_checkpoint(tmp_path / "tied", tiny(seed=4, tie_word_embeddings=True)).model
+    cache.save_checkpoint(tmp_path / "tied", tied)
+    back = cache.load_checkpoint(tmp_path / "tied", tiny(seed=4, tie_word_embeddings=True)).model
     assert torch.equal(back.lm_head.weight, tied.lm_head.weight) and back.lm_head.weight is back.model.embed_tokens.weight
     assert math.isfinite(float(back.lm_head.weight.detach().sum()))

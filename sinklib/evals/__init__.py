@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ParameterError
-from ..params import check_choice, check_int
+from ..params import check_choice, check_int, integer
 from . import grading, items, lm
 from .grading import (bootstrap_ppl_interval, grade_instructions, grade_math, parse_answer_lenient,
                       parse_answer_strict, wilson_interval)
@@ -317,3 +317,13 @@ __all__ = ["SUITES", "SOURCES", "SuiteResult", "run_suite", "run_suites", "resul
            "grade_math", "parse_answer_strict", "parse_answer_lenient", "wilson_interval", "bootstrap_ppl_interval",
            "generate_math_items", "generate", "continuation_logprobs", "document_nll", "instruction_prompt",
            "math_prompt", "knowledge_context"]
+
+
+#: notebook parameters: items per suite (0 skips the suite); `counts` turns them into run_suites' n_items
+COUNT_PARAMS = {"eval_instructions": integer(0, 10_000), "eval_math": integer(0, 10_000),
+                "eval_knowledge": integer(0, 10_000), "eval_perplexity": integer(0, 10_000)}
+
+
+def counts(params: dict) -> dict[str, int]:
+    """{suite: items} from the validated `COUNT_PARAMS` of a notebook (the suites' order)."""
+    return {k[len("eval_"):]: params[k] for k in COUNT_PARAMS}

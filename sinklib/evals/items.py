@@ -211,13 +211,6 @@ def generate_math_items(n: int = 60, seed: int = 0, templates: tuple[str, ...] |
     return rows
 
 
-def write_math_items(n: int = 60, seed: int = 0) -> Path:
-    """(Re)write ``data/evals/math.jsonl`` from the generator."""
-    rows = generate_math_items(n, seed)
-    FILES["math"].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return FILES["math"]
-
-
 def sample(rows: list[Any], n_items: int | None, seed: int) -> list[Any]:
     """A seeded sample of ``n_items`` rows kept in file order (all rows when n_items is None)."""
     if n_items is None or n_items >= len(rows):

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..anatomy import apply_softcap, decoder, lm_head, pad_batch, pad_token_id, positions, softcap
 from ..errors import ParameterError
 
 PROMPT_STYLES = ("chat", "plain", "auto")
@@ -57,12 +58,7 @@ def _device(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
-def pad_id(tokenizer: Any, model: Any = None) -> int:
-    for v in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None),
-              getattr(getattr(model, "config", None), "pad_token_id", None)):
-        if isinstance(v, int):
-            return v
-    return 0
+pad_id = pad_token_id
 
 
 def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -83,14 +79,7 @@ def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
 
 def left_pad(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists: input_ids ``[B, T]`` and attention_mask ``[B, T]`` (1 = real token)."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            ids[i, T - len(s):] = torch.tensor(list(s), dtype=torch.long)
-            mask[i, T - len(s):] = 1
-    return ids.to(device), mask.to(device)
+    return pad_batch(seqs, pad, "left", device=device)
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
@@ -159,28 +148,18 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_n
 # likelihoods
 
 def _split_body_head(model: Any):
-    """(body, head, softcap): the decoder returning final (normed) hidden states, the LM head, and
-    Gemma's final logit soft-capping. body is None when the model does not expose them."""
-    body = getattr(model, "model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    cfg = getattr(model, "config", None)
-    softcap = getattr(cfg, "final_logit_softcapping", None) if cfg is not None else None
-    if body is None or head is None or not callable(body):
+    """(body, head, softcap) from `sinklib.anatomy`; body is None when the model hides them."""
+    body, head = decoder(model, required=False), lm_head(model)
+    if body is None or head is None:
         return None, None, None
-    return body, head, softcap
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return body, head, softcap(model)
 
 
 def _head_logprobs(head, softcap, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """Log-probabilities of ``targets [N]`` from hidden states ``[N, D]``, applying the head in chunks."""
     out = []
     for s in range(0, hidden.shape[0], chunk):
-        logits = head(hidden[s:s + chunk]).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
+        logits = apply_softcap(head(hidden[s:s + chunk]).float(), softcap)
         out.append(torch.log_softmax(logits, -1).gather(-1, targets[s:s + chunk, None])[:, 0])
     return torch.cat(out) if out else hidden.new_zeros(0)
 
@@ -189,7 +168,7 @@ def _scored_logprobs(model: Any, ids: torch.Tensor, mask: torch.Tensor, sel: tor
                      chunk: int = 256) -> torch.Tensor:
     """Log-probability of token ``ids[b, t+1]`` given the prefix, at every (b, t) where ``sel [B, T]``
     is True, in row-major order: a 1-D tensor of length ``sel.sum()``."""
-    pos = _positions(mask)
+    pos = positions(mask)
     body, head, softcap = _split_body_head(model)
     b_idx, t_idx = sel[:, :-1].nonzero(as_tuple=True)
     targets = ids[b_idx, t_idx + 1]

@@ -1,0 +1,175 @@
+"""Theorem 1 on real layers: capture the inputs of a Hugging Face model's query/key projections
+(after each layer's input norm), its weights, QK-norm gains and RoPE tables (`capture_qk_inputs`),
+and measure a layer's sensitivity to weight changes against the bound (`layer_sensitivity`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .anatomy import decoder_layers
+from .bound import QKSpec, _block_norms, gap_change_bound, gap_changes, rms_normalize
+from .bound_instances import random_direction
+from .errors import AttentionError, ParameterError
+
+@dataclass
+class LayerQK:
+    """What one real attention layer needs for the bound: its inputs, weights and spec."""
+
+    layer: int
+    x: Tensor                           # [T, d] input of q_proj/k_proj (after the layer's input norm)
+    residual: Tensor                    # [T, d] residual stream entering the decoder layer
+    wq: Tensor                          # [H*dh, d]
+    wk: Tensor                          # [Hkv*dh, d]
+    spec: QKSpec
+    gq: Tensor | None = None            # effective gains of q_norm/k_norm
+    gk: Tensor | None = None
+    bq: Tensor | None = None            # projection biases (Qwen2)
+    bk: Tensor | None = None
+    rope: tuple[Tensor, Tensor] | None = None   # cos, sin [T, dh]
+    sliding_window: int | None = None
+
+    def kwargs(self, dwq: Tensor, dwk: Tensor) -> dict:
+        return dict(x=self.x, wq=self.wq, wk=self.wk, dwq=dwq, dwk=dwk, spec=self.spec, gq=self.gq,
+                    gk=self.gk, rope=self.rope, bq=self.bq, bk=self.bk)
+
+
+def _effective_gain(norm_mod: Any, width: int) -> tuple[Tensor, float]:
+    """Effective gain g and eps of an RMSNorm module, checked on a random vector: norm(v) = g * N(v)."""
+    eps = getattr(norm_mod, "eps", getattr(norm_mod, "variance_epsilon", None))
+    if eps is None:
+        raise AttentionError(f"{type(norm_mod).__name__} has no eps attribute; not an RMSNorm sinklib knows")
+    p = next(norm_mod.parameters())
+    with torch.no_grad():
+        ones = torch.ones(width, dtype=torch.float32, device=p.device)
+        g = (norm_mod(ones.to(p.dtype)).float() * math.sqrt(1 + eps)).double().cpu()
+        v = torch.randn(3, width, dtype=torch.float32, device=p.device)
+        ref = (g * rms_normalize(v.double().cpu(), eps))
+        got = norm_mod(v.to(p.dtype)).double().cpu()
+    tol = 1e-4 if p.dtype == torch.float32 else 5e-2
+    if not torch.allclose(got, ref, rtol=tol, atol=tol * float(ref.abs().max())):
+        raise AttentionError(f"{type(norm_mod).__name__} is not of the form g * v / sqrt(mean(v^2) + eps); "
+                             "the bound does not cover it")
+    return g, float(eps)
+
+
+def head_norms(wq: Tensor, wk: Tensor, spec: QKSpec) -> tuple[Tensor, Tensor]:
+    """Spectral norms of the head blocks: (||W_Q,h|| [H], ||W_K,h|| [Hkv]) (for ``w_block_norms``)."""
+    return _block_norms(wq, spec.n_heads, spec.head_dim), _block_norms(wk, spec.n_kv_heads, spec.head_dim)
+
+
+def layer_sensitivity(layer: LayerQK, rel_changes: list[float], n_directions: int, generator: torch.Generator,
+                      norm: str = "fro", sink: int = 0, query_start: int = 1) -> list[dict]:
+    """Random weight changes of controlled relative size on one real layer: actual gap change vs bound.
+
+    For each relative size and direction, dW_Q and dW_K are Gaussian with ||dW|| = rel * ||W|| (``norm``).
+    -> rows {layer, rel, direction, violations, ratio_max, ratio_median, change_median (|d gap_lse|,
+    median over heads and queries), change_max_median (|d gap_max|), bound_median, gap_lse_median,
+    flips_max (fraction of (head, query) whose max-gap changes sign), ratios (np.ndarray of all
+    actual/bound values, both competitors)}.
+    """
+    wn = head_norms(layer.wq, layer.wk, layer.spec)
+    rows = []
+    for rel in rel_changes:
+        for r in range(n_directions):
+            dwq = random_direction(layer.wq, rel, generator, norm)
+            dwk = random_direction(layer.wk, rel, generator, norm)
+            kw = layer.kwargs(dwq, dwk)
+            ch = gap_changes(**kw, sink=sink, query_start=query_start)
+            bnd = gap_change_bound(**kw, sink=sink, query_start=query_start, w_block_norms=wn)
+            ratios = torch.cat([(ch["max"].abs() / bnd).flatten(), (ch["lse"].abs() / bnd).flatten()])
+            g0 = ch["before"]["max"]
+            rows.append(dict(
+                layer=layer.layer, rel=rel, direction=r, violations=int((ratios > 1 + 1e-9).sum()),
+                ratio_max=float(ratios.max()), ratio_median=float(ratios.median()),
+                change_median=float(ch["lse"].abs().median()), change_max_median=float(ch["max"].abs().median()),
+                bound_median=float(bnd.median()), gap_lse_median=float(ch["before"]["lse"].median()),
+                flips_max=float((torch.sign(g0 + ch["max"]) != torch.sign(g0)).double().mean()),
+                ratios=ratios.numpy()))
+    return rows
+
+
+def capture_qk_inputs(model: Any, input_ids: Tensor, layers: list[int] | None = None,
+                      dtype: torch.dtype = torch.float64) -> list[LayerQK]:
+    """Run one forward pass and return, for each chosen layer, the input of q_proj/k_proj, the residual
+    stream, the weights, gains, RoPE tables and spec (all on CPU in ``dtype``).
+
+    input_ids [1, T] (one unpadded prompt). Sliding-window layers are accepted only when T fits in the
+    window (then the window changes nothing); logit soft-capping is refused.
+    """
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ParameterError(f"input_ids must have shape [1, T], got {tuple(input_ids.shape)}")
+    T = input_ids.shape[1]
+    if T < 3:
+        raise ParameterError(f"the prompt has {T} tokens; the sink gap needs at least 3")
+    dec = decoder_layers(model)
+    chosen = list(range(len(dec))) if layers is None else [int(l) for l in layers]
+    for l in chosen:
+        if not 0 <= l < len(dec):
+            raise ParameterError(f"layer {l} is outside the model's {len(dec)} layers")
+    cfg = getattr(model.config, "text_config", model.config)
+    if getattr(cfg, "attn_logit_softcapping", None):
+        raise AttentionError("this model soft-caps attention logits; the bound here does not model it")
+    seen: dict[int, dict] = {l: {} for l in chosen}
+    handles = []
+
+    def pre_layer(l: int):
+        def hook(mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            seen[l]["residual"] = h.detach()
+        return hook
+
+    def pre_attn(l: int):
+        def hook(mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            seen[l]["x"] = h.detach()
+            pe = kwargs.get("position_embeddings")
+            seen[l]["rope"] = None if pe is None else (pe[0].detach(), pe[1].detach())
+        return hook
+
+    try:
+        for l in chosen:
+            handles.append(dec[l].register_forward_pre_hook(pre_layer(l), with_kwargs=True))
+            handles.append(dec[l].self_attn.register_forward_pre_hook(pre_attn(l), with_kwargs=True))
+        with torch.no_grad():
+            model(input_ids=input_ids.to(next(model.parameters()).device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+
+    out = []
+    for l in chosen:
+        attn = dec[l].self_attn
+        H = cfg.num_attention_heads
+        Hkv = getattr(cfg, "num_key_value_heads", None) or H
+        dh = getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+        window = getattr(attn, "sliding_window", None)
+        if window is not None and T > window:
+            raise ParameterError(f"layer {l} attends within a sliding window of {window} tokens but the prompt "
+                                 f"has {T}; shorten the prompt (max_tokens) so the sink stays visible")
+        qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        gq = gk = None
+        eps = 1e-6
+        if qn is None:
+            norm = "none"
+        else:
+            wq_n = next(qn.parameters()).numel()
+            norm = "per_head" if wq_n == dh else "layerwise"
+            gq, eps = _effective_gain(qn, wq_n)
+            gk, eps_k = _effective_gain(kn, next(kn.parameters()).numel())
+            if eps_k != eps:
+                raise AttentionError(f"layer {l}: q_norm eps {eps} differs from k_norm eps {eps_k}")
+            gq, gk = gq.to(dtype), gk.to(dtype)
+        spec = QKSpec(norm, H, Hkv, int(dh), scaling=float(attn.scaling), eps=float(eps))
+        cv = lambda t: None if t is None else t.detach().to("cpu", dtype)  # noqa: E731
+        rope = seen[l]["rope"]
+        out.append(LayerQK(
+            layer=l, x=cv(seen[l]["x"][0]), residual=cv(seen[l]["residual"][0]),
+            wq=cv(attn.q_proj.weight), wk=cv(attn.k_proj.weight), spec=spec, gq=gq, gk=gk,
+            bq=cv(attn.q_proj.bias), bk=cv(attn.k_proj.bias),
+            rope=None if rope is None else (cv(rope[0][0]), cv(rope[1][0])), sliding_window=window))
+    return out

@@ -1,0 +1,172 @@
+"""The cache: trained checkpoints and cached JSON evaluations, keyed by their parameters, and the
+one rule that derives a seed from (seed, name).
+
+Everything lives under `sinklib.models.cache_dir()` (`SINKBOOK_CACHE`, default `~/.cache/sinkbook`),
+never in git:
+
+    vl/<key>/            a checkpoint: model.safetensors, projector.safetensors (VL only), meta.json
+    evals/<key>.json     one evaluated condition (sinklib.pairs.evaluate_condition)
+    injection/<key>.json one evaluated QK-norm injection condition (sinklib.inject)
+
+`key(params)` is the 16-hex-digit SHA-256 of the canonical JSON of the parameters: the same
+parameters give the same key on every machine, so a rerun loads instead of recomputing. The
+keys are pinned by tests (tests/test_cache.py): changing how they are computed orphans every cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .errors import ParameterError, SinkbookError
+
+#: moduli of `key_seed` at its two call sites (kept apart: each gives the numbers its site always gave)
+MERGE_SEED_MODULUS = 2**63 - 1     # per-tensor seeds of merge methods (DARE masks)
+RANDOM_SEED_MODULUS = 2**63        # per-tensor directions of the norm-matched random control
+
+
+def key(params: Mapping[str, Any]) -> str:
+    """A 16-hex-digit hash of the parameters (canonical JSON, sorted keys): the same params, the same key."""
+    try:
+        text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    except TypeError as e:
+        raise ParameterError(f"parameter 'params' cannot be hashed as JSON: {e}") from None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def key_seed(seed: int, name: str, modulus: int = MERGE_SEED_MODULUS) -> int:
+    """The seed of one named part (a tensor key): depends on (seed, name) only, not on which other
+    parts exist or their order. `(seed * 1_000_003 + crc32(name)) % modulus`."""
+    return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % modulus
+
+
+def root() -> Path:
+    from .models import cache_dir
+
+    return cache_dir()
+
+
+def cached_json(key_params: Mapping[str, Any], compute: Callable[[], dict], folder: str = "evals",
+                refresh: bool = False) -> dict:
+    """Return compute() and store it as JSON under cache_dir()/folder/<key>.json; reuse it next time."""
+    path = root() / folder / f"{key(dict(key_params))}.json"
+    if path.exists() and not refresh:
+        return json.loads(path.read_text())
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, default=float))
+    tmp.rename(path)
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoints
+
+def checkpoint_dir(key_: str, root_: str | Path | None = None) -> Path:
+    """`<root or cache_dir()>/vl/<key>` (not created)."""
+    return Path(root() if root_ is None else root_) / "vl" / key_
+
+
+def checkpoint_exists(path: str | Path) -> bool:
+    """True when `path` holds a complete checkpoint (written by `save_checkpoint`)."""
+    p = Path(path) / "meta.json"
+    if not p.exists():
+        return False
+    try:
+        return bool(json.loads(p.read_text()).get("complete"))
+    except json.JSONDecodeError:
+        return False
+
+
+def tensor_sha(module: nn.Module) -> str:
+    """SHA-256 of a module's state dict (sorted keys, raw bytes)."""
+    h = hashlib.sha256()
+    for k, v in sorted(module.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_checkpoint(path: str | Path, model: nn.Module, projector: nn.Module | None = None,
+                    encoder: nn.Module | None = None, meta: Mapping[str, Any] | None = None) -> Path:
+    """Write `model.safetensors` (the LM), `projector.safetensors` (if any) and `meta.json` to `path`.
+
+    The encoder is not stored: its config (seed included) and a hash of its weights go into
+    meta.json, and `load_checkpoint` rebuilds it and checks the hash. Written to a temporary
+    folder and renamed, so an interrupted save never looks complete.
+    """
+    from safetensors.torch import save_file, save_model
+
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    info: dict[str, Any] = {"complete": True, "meta": dict(meta or {}),
+                            "model_class": type(model).__name__,
+                            "model_type": getattr(model.config, "model_type", None),
+                            "n_parameters": sum(p.numel() for p in model.parameters())}
+    if projector is not None:
+        save_file({k: v.detach().cpu().contiguous() for k, v in projector.state_dict().items()},
+                  str(tmp / "projector.safetensors"))
+        info["projector"] = dict(projector.config)
+    if encoder is not None:
+        info["encoder"] = dict(encoder.config)
+        info["encoder_sha256"] = tensor_sha(encoder)
+    (tmp / "meta.json").write_text(json.dumps(info, indent=1, default=str))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+@dataclass
+class Checkpoint:
+    """What `load_checkpoint` returns."""
+
+    model: nn.Module
+    projector: nn.Module | None
+    encoder: nn.Module | None
+    meta: dict
+
+
+def load_checkpoint(path: str | Path, model: nn.Module) -> Checkpoint:
+    """Load a checkpoint into `model` (same architecture, loaded in place) and rebuild projector and encoder."""
+    from safetensors.torch import load_file, load_model
+
+    from .anatomy import device_dtype
+    from .vl.model import Projector, make_encoder
+
+    path = Path(path)
+    if not checkpoint_exists(path):
+        raise SinkbookError(f"no complete checkpoint in {path}; run the training (or save_checkpoint) first")
+    info = json.loads((path / "meta.json").read_text())
+    if info.get("model_class") != type(model).__name__:
+        raise ParameterError(f"parameter 'model' is a {type(model).__name__} but the checkpoint in {path} holds a "
+                             f"{info.get('model_class')}; load the base model it was trained from")
+    dev, dt = device_dtype(model)
+    try:
+        load_model(model, str(path / "model.safetensors"), strict=True, device=str(dev))
+    except RuntimeError as e:
+        raise ParameterError(f"the checkpoint in {path} does not fit parameter 'model': {str(e)[:300]}") from None
+    projector = encoder = None
+    if "projector" in info:
+        projector = Projector(**info["projector"])
+        projector.load_state_dict(load_file(str(path / "projector.safetensors")))
+        projector = projector.to(device=dev, dtype=dt).eval()
+    if "encoder" in info:
+        encoder = make_encoder(**info["encoder"]).to(dev)
+        if tensor_sha(encoder) != info["encoder_sha256"]:
+            raise SinkbookError(f"the rebuilt vision encoder differs from the one saved in {path} (weights hash "
+                                "mismatch; a different torch version draws different random numbers); retrain")
+    model.eval()
+    return Checkpoint(model=model, projector=projector, encoder=encoder, meta=info.get("meta", {}))

@@ -1,0 +1,43 @@
+"""A miniature LLaVA-style vision-language adaptation of a causal LM, and its two controls.
+
+The modules, in the order the book uses them:
+
+- `scenes`: deterministic synthetic scenes of 1-4 coloured shapes (circle, square, triangle; red,
+  green, blue, yellow) on a 3 x 3 grid with one-word visual question-answer items (count, colour,
+  exists, where) and a text description of the same scene (for the text-only control).
+- `model`: a small convolutional vision encoder with *frozen random* weights (NOT pretrained: no
+  pretrained vision encoder is available offline; `encoder_probe_accuracy` checks that its patch
+  features keep colour, shape and position), the trainable LLaVA-1.5 projector, and the embedded
+  sequences with the answer-only loss.
+- `train`: `train_vl` (stage 1: projector only; stage 2: every LM weight and the projector) and
+  `train_text_only` (the same items, order, steps, optimiser and schedule as stage 2, the scene
+  given as text), both through `sinklib.train.run`.
+- `evaluate`: VQA accuracy by greedy decoding or by scoring the closed answer set; the held-out
+  item streams (`heldout_items`, `tracking_items`) and their seed offsets.
+- `controls`: state-dict snapshots and the norm-matched random weight change.
+
+Checkpoints of trained conditions live in `sinklib.cache`; the adapted pairs in `sinklib.pairs`.
+Every public name of the submodules is importable from `sinklib.vl`.
+"""
+from __future__ import annotations
+
+from .controls import clone_state_dict, random_direction_like
+from .evaluate import (VQA_EVAL_SEED_OFFSET, VQA_TRACK_SEED_OFFSET, heldout_items, tracking_items, vqa_accuracy,
+                       vqa_predict)
+from .model import (PROMPT_PREFIX, Batch, FrozenVisionEncoder, Projector, answer_logits, answer_loss, build_batch,
+                    embedding_rms, encoder_probe_accuracy, hidden_states, images_to_tensor, make_encoder,
+                    make_projector)
+from .scenes import (ANSWERS, BACKGROUND, COLOURS, COLUMNS, GRID, IMAGE_SIZE, QUESTION_TYPES, ROWS, SHAPES, QAItem,
+                     Scene, Shape, batch_items, check_image_size, check_qtypes, describe, eval_items, make_items,
+                     make_scenes, majority_baseline, render)
+from .train import RECIPE, SCHEDULES, VLResult, train_text_only, train_vl
+
+__all__ = [
+    "clone_state_dict", "random_direction_like", "VQA_EVAL_SEED_OFFSET", "VQA_TRACK_SEED_OFFSET", "heldout_items",
+    "tracking_items", "vqa_accuracy", "vqa_predict", "PROMPT_PREFIX", "Batch", "FrozenVisionEncoder", "Projector",
+    "answer_logits", "answer_loss", "build_batch", "embedding_rms", "encoder_probe_accuracy", "hidden_states",
+    "images_to_tensor", "make_encoder", "make_projector", "ANSWERS", "BACKGROUND", "COLOURS", "COLUMNS", "GRID",
+    "IMAGE_SIZE", "QUESTION_TYPES", "ROWS", "SHAPES", "QAItem", "Scene", "Shape", "batch_items", "check_image_size",
+    "check_qtypes", "describe", "eval_items", "make_items", "make_scenes", "majority_baseline", "render", "RECIPE",
+    "SCHEDULES", "VLResult", "train_text_only", "train_vl",
+]

@@ -1,0 +1,82 @@
+"""Weight-space controls of a VL adaptation: a snapshot of a state dict and the norm-matched
+random weight change (the same norm per tensor as the VL change, a random direction)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..cache import RANDOM_SEED_MODULUS, key_seed
+from ..errors import ParameterError
+from ..params import check_choice, check_int
+
+def clone_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the model's state dict (tied weights stay tied: one copy, two keys)."""
+    seen: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, v in model.state_dict().items():
+        key = (v.data_ptr(), v.shape, v.stride()) if v.numel() else None
+        if key is not None and key in seen:
+            out[k] = seen[key]
+        else:
+            out[k] = v.detach().clone()
+            if key is not None:
+                seen[key] = out[k]
+    return out
+
+
+def _check_pair(base_sd: Mapping[str, torch.Tensor], other_sd: Mapping[str, torch.Tensor], name: str) -> None:
+    if set(base_sd) != set(other_sd):
+        miss = sorted(set(base_sd) ^ set(other_sd))[:5]
+        raise ParameterError(f"parameter '{name}' has different keys from 'base_sd' (e.g. {miss}); "
+                             "use state dicts of the same architecture")
+    for k in base_sd:
+        if base_sd[k].shape != other_sd[k].shape:
+            raise ParameterError(f"parameter '{name}': shape of {k!r} is {tuple(other_sd[k].shape)}, base has "
+                                 f"{tuple(base_sd[k].shape)}")
+
+
+def random_direction_like(base_sd: Mapping[str, torch.Tensor], adapted_sd: Mapping[str, torch.Tensor], seed: int = 0,
+                          *, one_d: str = "match") -> dict[str, torch.Tensor]:
+    """The norm-matched random weight change: `base + r_k` for every tensor k, where `r_k` is a
+    Gaussian random direction rescaled so that ||r_k||_F = ||adapted_k - base_k||_F.
+
+    Every floating-point tensor with >= 2 dimensions (weight matrices, embeddings, LM head) gets
+    this treatment. 1-D tensors (RMSNorm/LayerNorm gains, QK-norm gains, biases) follow `one_d`:
+    'match' (default: the same norm-matched random change, as an L2-norm-matched vector),
+    'keep' (left at the base value), or 'copy' (given the VL change itself). Non-float tensors are
+    copied from the base. Tied tensors (keys whose base and adapted values are equal) get the same
+    random change. The direction of key k comes from a generator seeded by (seed, crc32(k)), so it
+    does not depend on the order of keys. Returns new tensors in the base dtype.
+    """
+    seed = check_int("seed", seed, 0)
+    one_d = check_choice("one_d", one_d, ("match", "keep", "copy"))
+    _check_pair(base_sd, adapted_sd, "adapted_sd")
+    out: dict[str, torch.Tensor] = {}
+    done: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (key, base, adapted) already drawn
+    for k in base_sd:
+        b, a = base_sd[k], adapted_sd[k]
+        if not b.is_floating_point():
+            out[k] = b.clone()
+            continue
+        tied = next((kk for kk, bb, aa in done if bb.shape == b.shape
+                     and (bb.data_ptr() == b.data_ptr() or (torch.equal(bb.flatten()[:16], b.flatten()[:16])
+                                                            and torch.equal(bb, b)))
+                     and (aa.data_ptr() == a.data_ptr() or torch.equal(aa, a))), None)
+        if tied is not None:
+            out[k] = out[tied]
+            continue
+        done.append((k, b, a))
+        if b.dim() < 2 and one_d == "keep":
+            out[k] = b.clone()
+            continue
+        if b.dim() < 2 and one_d == "copy":
+            out[k] = a.clone()
+            continue
+        target = torch.linalg.vector_norm(a.double() - b.double())
+        g = torch.Generator().manual_seed(key_seed(seed, k, RANDOM_SEED_MODULUS))
+        r = torch.randn(b.shape, generator=g, dtype=torch.float32).to(b.device)
+        scale = float(target / torch.linalg.vector_norm(r, dtype=torch.float64)) if target > 0 else 0.0
+        out[k] = (b.double() + r.double() * scale).to(b.dtype)
+    return out
