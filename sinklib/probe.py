@@ -105,7 +105,7 @@ def _fused_cpu(query, key, value, mask, scaling, rec: _Recorder):
         else:
             sink_ok = None
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, k, v, 0.0, False, attn_mask=add.expand(b, h, tq, tk).contiguous(), scale=scaling)
+            query, k, v, 0.0, False, attn_mask=add.contiguous(), scale=scaling)  # [B, 1, Tq, Tk] broadcasts over heads: no per-head copy
         if sink_ok is None:
             sink_add = mask[:, :, :, :tk].gather(
                 -1, rec.sink_index.view(b, 1, 1, 1).expand(b, mask.shape[1], tq, 1)).squeeze(-1)
