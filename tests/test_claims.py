@@ -1,0 +1,263 @@
+"""The claims page (#15): every reported number belongs to a claim, every claim's verdict follows its rule on
+synthetic results, missing chapters give "not run yet" rows, and the committed page is fresh."""
+from pathlib import Path
+
+import pytest
+
+from sinklib import book, claims
+from sinklib.claims import INCONCLUSIVE, NOT_REPRODUCED, NOT_RUN, NOT_TESTABLE, REPRODUCED, Est
+from sinklib.errors import ResultsMissing
+from sinklib.reported import reported_values
+
+ROOT = Path(__file__).resolve().parent.parent
+BY_ID = {c.id: c for c in claims.CLAIMS}
+
+
+# ------------------------------------------------------------------------------------------------
+# the registry and the reported values
+
+def test_claim_ids_unique_and_chapters_exist():
+    assert len(BY_ID) == len(claims.CLAIMS)
+    stems = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert all(c.chapter in stems or c.chapter == "" for c in claims.CLAIMS)
+
+
+def test_every_reported_key_has_a_claim_or_a_reason():
+    keys = set(reported_values())
+    used = {k for c in claims.CLAIMS for k in c.paper_keys}
+    assert used <= keys, f"claims name unknown keys: {used - keys}"
+    assert not used & set(claims.CONTEXT_ONLY), "a key is both a claim's and context-only"
+    assert set(claims.CONTEXT_ONLY) <= keys and all(claims.CONTEXT_ONLY.values())
+    assert keys - used - set(claims.CONTEXT_ONLY) == set(), "reported keys with no claim row and no reason"
+
+
+def test_paper_cells_read_the_csv():
+    vals = reported_values()
+    for c in claims.CLAIMS:
+        text = claims.paper_text(c)
+        for k in c.paper_keys:
+            assert k in c.paper, f"claim {c.id} names {k} but does not show it"
+        assert "{" not in text and (c.paper or text == "—")
+    assert "−9.6" in claims.paper_text(BY_ID["5a"]) and vals["ifeval_qwen25vl"]["value"] == -9.6
+
+
+def test_reviewers_claims_have_rows():
+    keys = {k for c in claims.CLAIMS for k in c.paper_keys}
+    for k in ("ifeval_per_head_min", "ifeval_none_min", "ifeval_internvl35", "ifeval_molmo2o", "mbpp_mean",
+              "tulu_S_after_vl", "merge_settings_not_worse", "rho_ifeval_6", "rho_17", "inject_ifeval_after"):
+        assert k in keys
+    assert any("Mechanism" in c.text for c in claims.CLAIMS)
+
+
+def test_interval_arithmetic():
+    # Newcombe (1998), method 10: 56/70 - 48/80 = 0.2, interval 0.0524 to 0.3339
+    d = claims.diff(claims.wilson_pct(80, 70), claims.wilson_pct(60, 80))
+    assert d.v == pytest.approx(20) and d.lo == pytest.approx(5.24, abs=0.01) and d.hi == pytest.approx(33.39, abs=0.01)
+    m = claims.mean(Est(0, -3, 4), Est(2, -2, 6))
+    assert list(m) == pytest.approx([1, 1 - 5 / 2, 1 + 32 ** 0.5 / 2])   # lower margins 3, 4; upper 4, 4
+    assert claims.direction(Est(-5, -9, -1), -1) == REPRODUCED
+    assert claims.direction(Est(-5, -9, -1), +1) == NOT_REPRODUCED
+    assert claims.direction(Est(-5, -9, 1), -1) == INCONCLUSIVE
+    assert claims.combine([REPRODUCED, INCONCLUSIVE]) == REPRODUCED
+    assert claims.combine([REPRODUCED, NOT_REPRODUCED]) == INCONCLUSIVE
+    assert claims.combine([INCONCLUSIVE, NOT_REPRODUCED]) == NOT_REPRODUCED
+
+
+# ------------------------------------------------------------------------------------------------
+# synthetic chapter results
+
+A, B = "model-a", "model-b"
+
+
+def _doc(results, params=None, models=(A, B)):
+    return {"results": results, "parameters": {"profile": "quick", **(params or {})},
+            "provenance": {"profile": "quick", "models": [{"name": m} for m in models]}}
+
+
+def ch1(mass):
+    return _doc({"mass_last10": {A: mass, B: mass}, "massive_activation_peak": [{"model": A, "ratio": 50.0}]},
+                {"max_tokens": 64})
+
+
+def ch2(ratio=1.0, margin=0.5, ns=(10, 15, 100)):
+    rob = [{"N": n, "seed": s, A: margin + 0.1 * s, B: 0.0} for n in ns for s in range(2)]   # S spread 0.1 at N = 15
+    return _doc({"S": {A: 0.7, B: 0.0}, "robustness": rob,
+                 "sensitivity": [{"model": m, "choice": "K", "value": "all", "S": s} for m, s in ((A, -0.3), (B, 0.1))],
+                 "timing": [{"model": m, "prompts": 15, "method": meth, "ratio to plain forward (SDPA)": r}
+                            for m in (A, B) for meth, r in (("plain forward (SDPA)", 1.0), ("S probe (fused)", ratio))]})
+
+
+def ch3(viol=0, slopes=(2.0, 0.01)):
+    return _doc({"random_layers": {"n_per_variant": 10, "violations": viol},
+                 "real_models": {A: {"gap_values": 100, "violations": 0}},
+                 "adversary": {"none": 0.5, "per-head": 0.6},
+                 "scale_sweep_slopes": {"random none": {"slope_change": slopes[0]},
+                                        "random per-head": {"slope_change": slopes[1]}}})
+
+
+def _score_rows(model, cond, scores, n):
+    out = []
+    for (suite, metric), sc, k in zip((("instructions", "strict"), ("math", "strict"), ("knowledge", "acc")), scores, n):
+        e = claims.wilson_pct(sc, k)
+        out.append({"model": model, "condition": cond, "suite": suite, "metric": metric, "score": sc,
+                    "lo": e.lo, "hi": e.hi, "n": k})
+    return out
+
+
+def ch4(spec, n=(1000, 1000, 1000)):
+    """spec: model -> {qk, vqa, S: (base, vl, text_only), scores: cond -> (instructions, math, knowledge)}."""
+    scores = [r for m, s in spec.items() for cond, sc in s["scores"].items() for r in _score_rows(m, cond, sc, n)]
+    return _doc({"scores": scores,
+                 "vqa": [{"model": m, "VL model (%)": s.get("vqa", 70.0), "majority baseline (%)": 38.0, "n": 200}
+                         for m, s in spec.items()],
+                 "panel_rows": [{"llm": m, "qk_norm": s.get("qk", "none")} for m, s in spec.items()],
+                 "S": [{"model": m, **dict(zip(("base", "vl", "text_only"), s.get("S", (0.5, 0.5, 0.5))))}
+                       for m, s in spec.items()]}, {"n_prompts": 15}, models=tuple(spec))
+
+
+def pair(vl=(50, 50, 70), base=(50, 50, 70), text_only=None, random=None, **kw):
+    sc = {"base": base, "vl": vl, "text_only": text_only or base, "random": random or vl}
+    return {"scores": sc, **kw}
+
+
+def ch5(rho=None):
+    r = {"task": "delta_instructions_strict", "n": 2 if rho is None else 6, "rho": None, "ci_fisher_lo": None,
+         "ci_fisher_hi": None, "note": "Spearman rho needs at least 3 pairs, got 2"}
+    if rho is not None:
+        r.update(rho=rho[0], ci_fisher_lo=rho[1], ci_fisher_hi=rho[2], note="")
+    return _doc({"measured_rho": [r], "rho_0971_p_exact_one_sided": [0.0056, 0.0056],
+                 "measured_lopo": [{"task": r["task"], "mae_model": None, "mae_constant": None}]}, models=())
+
+
+def _inj_scores(instr, math, n=1000, ppl=30.0):
+    return [{"suite": "instructions", "metric": "strict", **dict(zip(("score", "lo", "hi"), claims.wilson_pct(instr, n))),
+             "n": n}, {"suite": "math", "metric": "strict", **dict(zip(("score", "lo", "hi"), claims.wilson_pct(math, n))),
+             "n": n}, {"suite": "perplexity", "metric": "ppl", "score": ppl, "lo": ppl - 1, "hi": ppl + 1, "n": 12}]
+
+
+def ch6(top1=0.99, after=(10, 10), control=(50, 50), n=1000, merges=(20, 20), base=(50, 50), vl=(20, 20), vqa=70.0):
+    inj = {"original": {"S": 0.7, "scores": _inj_scores(50, 50, n)},
+           "injected": {"S": 3.0, "scores": _inj_scores(*after, n)},
+           "injected + recovery": {"S": 1.0, "scores": _inj_scores(*after, n)}}
+    if control is not None:
+        inj["original + recovery"] = {"S": 0.7, "scores": _inj_scores(*control, n)}
+    rows = [{"model": A, "condition": c, "VQA (%)": q, "instructions strict": s[0], "math strict": s[1]}
+            for c, s, q in [("base", base, None), ("vl", vl, vqa)] + [(f"merge:{k}", merges, vqa) for k in "abcdefg"]]
+    return _doc({"injection": inj, "injection_init_error": {"top1_agreement": top1}, "merges": rows},
+                {"eval_n": {"instructions": n, "math": n}, "vqa_n": 200}, models=(A,))
+
+
+def _ch4_for_ch6(vqa=70.0):
+    return ch4({A: pair(vqa=vqa)})
+
+
+def _fake(monkeypatch, docs):
+    def load(notebook, key=None):
+        if notebook not in docs:
+            raise ResultsMissing(f"data/results/{notebook}.json does not exist")
+        return docs[notebook]
+    monkeypatch.setattr(book, "load_results", load)
+
+
+C1, C2, C3, C4, C5, C6 = ("01_sink_definition", "02_sink_strength", "03_perturbation_bound", "04_vl_adaptation",
+                          "05_panel_correlations", "06_negative_controls")
+CASES = [
+    ("1", {C1: ch1(0.6)}, REPRODUCED), ("1", {C1: ch1(0.03)}, NOT_REPRODUCED), ("1", {C1: ch1(0.2)}, INCONCLUSIVE),
+    ("2a", {C2: ch2(1.0)}, REPRODUCED), ("2a", {C2: ch2(4.0)}, NOT_REPRODUCED), ("2a", {C2: ch2(2.0)}, INCONCLUSIVE),
+    ("3", {C2: ch2()}, REPRODUCED), ("3", {C2: ch2(margin=-0.05)}, NOT_REPRODUCED),
+    ("3", {C2: ch2(ns=(5, 10))}, INCONCLUSIVE),
+    ("4a", {C3: ch3()}, REPRODUCED), ("4a", {C3: ch3(viol=1)}, NOT_REPRODUCED),
+    ("4a", {C3: ch3(slopes=(1.0, 1.0))}, INCONCLUSIVE), ("4b", {C3: ch3()}, INCONCLUSIVE),
+    ("5a", {C4: ch4({A: pair(vl=(20, 20, 70))})}, REPRODUCED),
+    ("5a", {C4: ch4({A: pair(vl=(20, 20, 40))})}, NOT_REPRODUCED),                 # knowledge lost too
+    ("5a", {C4: ch4({A: pair(vl=(20, 20, 70), vqa=40.0)})}, NOT_REPRODUCED),       # VL did not learn to see
+    ("5a", {C4: ch4({A: pair(vl=(45, 45, 70))}, n=(30, 30, 100))}, INCONCLUSIVE),
+    ("5b", {C4: ch4({A: pair(vl=(20, 20, 70)), B: pair(vl=(50, 50, 70), qk="per_head")})}, REPRODUCED),
+    ("5b", {C4: ch4({A: pair(vl=(50, 50, 70)), B: pair(vl=(20, 20, 70), qk="per_head")})}, NOT_REPRODUCED),
+    ("5b", {C4: ch4({A: pair(vl=(45, 45, 70)), B: pair(vl=(40, 40, 70), qk="per_head")}, n=(24, 30, 100))},
+     INCONCLUSIVE),
+    ("6a", {C4: ch4({A: pair(vl=(20, 20, 70))})}, REPRODUCED),
+    ("6a", {C4: ch4({A: pair(vl=(40, 40, 70), text_only=(20, 20, 70))})}, NOT_REPRODUCED),
+    ("6a", {C4: ch4({A: pair(vl=(45, 45, 70))}, n=(24, 30, 100))}, INCONCLUSIVE),
+    ("6b", {C4: ch4({A: pair(vl=(40, 40, 70), random=(5, 5, 30))})}, REPRODUCED),
+    ("6b", {C4: ch4({A: pair(vl=(20, 20, 70), random=(50, 50, 70))})}, NOT_REPRODUCED),
+    ("6b", {C4: ch4({A: pair(vl=(40, 40, 70), random=(35, 35, 70))}, n=(24, 30, 100))}, INCONCLUSIVE),
+    ("6c", {C2: ch2(), C4: ch4({A: pair(S=(0.5, 0.1, 0.6))})}, REPRODUCED),
+    ("6c", {C2: ch2(), C4: ch4({A: pair(S=(0.5, 0.9, 0.6))})}, NOT_REPRODUCED),
+    ("6c", {C2: ch2(), C4: ch4({A: pair(S=(0.5, 0.45, 0.6))})}, INCONCLUSIVE),
+    ("7a", {C5: ch5((0.9, 0.5, 0.98))}, REPRODUCED), ("7a", {C5: ch5((-0.9, -0.98, -0.5))}, NOT_REPRODUCED),
+    ("7a", {C5: ch5()}, INCONCLUSIVE),
+    ("8a", {C6: ch6()}, REPRODUCED), ("8a", {C6: ch6(top1=0.32)}, NOT_REPRODUCED),
+    ("8a", {C6: ch6(control=None)}, NOT_REPRODUCED), ("8a", {C6: ch6(after=(45, 45), n=24)}, INCONCLUSIVE),
+    ("8b", {C4: _ch4_for_ch6(), C6: ch6()}, REPRODUCED),
+    ("8b", {C4: _ch4_for_ch6(), C6: ch6(merges=(50, 50))}, NOT_REPRODUCED),
+    ("8b", {C4: _ch4_for_ch6(), C6: ch6(vl=(48, 48), merges=(48, 48))}, NOT_REPRODUCED),   # nothing to recover
+    ("8b", {C4: _ch4_for_ch6(), C6: ch6(n=100, base=(50, 50), vl=(34, 34), merges=(42, 42))}, INCONCLUSIVE),
+    ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(5, 5))}, REPRODUCED),
+    ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(45, 45))}, NOT_REPRODUCED),
+    ("8c", {C4: _ch4_for_ch6(40.0), C6: ch6(merges=(5, 5), vqa=40.0)}, NOT_REPRODUCED),
+    ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(21, 21), n=30)}, INCONCLUSIVE),
+]
+
+
+@pytest.mark.parametrize("cid,docs,expected", CASES, ids=[f"{c}-{v}-{i}" for i, (c, _, v) in enumerate(CASES)])
+def test_verdict_follows_the_rule(monkeypatch, cid, docs, expected):
+    _fake(monkeypatch, docs)
+    e = claims.evaluate(BY_ID[cid])
+    assert e.row.verdict == expected, e.row
+    assert e.profile == "quick" and e.row.ours
+
+
+def test_every_computed_claim_has_three_cases():
+    covered = {}
+    for cid, _, v in CASES:
+        covered.setdefault(cid, set()).add(v)
+    for c in claims.CLAIMS:
+        probe = c.compute.__name__ == "<lambda>" or c.id == "4b"
+        assert probe or covered.get(c.id) == {REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE}, c.id
+
+
+def test_missing_results_give_not_run_rows(monkeypatch):
+    _fake(monkeypatch, {})
+    rows = [claims.evaluate(c) for c in claims.CLAIMS]
+    assert {e.row.verdict for e in rows} == {NOT_RUN, NOT_TESTABLE}
+    ch4_row = next(e for e in rows if e.claim.id == "5a")
+    assert "--only 04" in ch4_row.row.reason
+    text = claims.render(rows)
+    assert text.count("  - **not run yet**") == sum(e.row.verdict == NOT_RUN for e in rows)
+
+
+def test_not_testable_rows_name_a_reason(monkeypatch):
+    _fake(monkeypatch, {})
+    for c in claims.CLAIMS:
+        e = claims.evaluate(c)
+        if e.row.verdict == NOT_TESTABLE:
+            assert len(e.row.reason) > 20
+
+
+# ------------------------------------------------------------------------------------------------
+# the committed page
+
+def test_committed_claims_table_is_fresh(monkeypatch):
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(ROOT / "data" / "results"))
+    committed = (ROOT / "book" / "_generated" / "claims_table.md").read_text(encoding="utf-8")
+    assert committed == claims.generate(), "book/_generated/claims_table.md is stale: run python -m sinklib.claims"
+    assert claims.main(["--check", "--out", str(ROOT / "book" / "_generated" / "claims_table.md")]) == 0
+
+
+def test_claims_page_includes_the_table_and_types_no_verdict():
+    page = (ROOT / "book" / "claims.md").read_text(encoding="utf-8")
+    assert "```{include} _generated/claims_table.md" in page
+    for typed in ("*partly*", "reproduced in direction", "*not reproduced*"):
+        assert typed not in page
+
+
+def test_generated_table_shape(monkeypatch, tmp_path):
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(ROOT / "data" / "results"))
+    out = tmp_path / "t.md"
+    assert claims.main(["--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert text.count("\n* - ") == len(claims.CLAIMS) + 1
+    for v, _ in claims.RULES:
+        assert f"**{v}**:" in text
+    assert claims.main(["--check", "--out", str(tmp_path / "absent.md")]) == 1
