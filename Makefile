@@ -10,6 +10,7 @@ setup:
 
 notebooks: setup
 	$(PY) -m sinklib.book run --profile $(PROFILE)
+	$(PY) -m sinklib.claims     # the claims page's table, from data/results
 
 html: setup
 	.venv/bin/jupyter-book build . -W -n --keep-going
