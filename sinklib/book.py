@@ -242,6 +242,29 @@ def fold_injected_cell(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
+# prose from outputs
+
+GLUE_PREFIX = "application/papermill.record/"   # myst-nb's glue format, without importing myst-nb
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Store `value` under `name` in the cell's output, for prose that states a result: the page writes it
+    with ``{glue:text}`name` `` (myst-nb's glue, same format; myst-nb is not needed to run a notebook).
+    Strings are glued as they are, so prose reads ``higher`` rather than ``'higher'``."""
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as ipy_display
+
+    if isinstance(value, str):
+        bundle, metadata = {"text/plain": value}, {}
+    else:
+        bundle, metadata = format_display_data(value)
+    metadata = dict(metadata)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    ipy_display({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+
+
+# ---------------------------------------------------------------------------------------
 # the repository URL: written once, in _config.yml
 
 

@@ -187,3 +187,31 @@ def test_short_prompts_can_be_skipped():
         sink.sink_strength(lm, input_ids=seqs, last_k_layers=2, query_start=4)
     r = sink.sink_strength(lm, input_ids=seqs, last_k_layers=2, query_start=4, short="skip")
     assert r.n_prompts == 1 and r.n_queries == 17 - 4
+
+
+def test_reading_the_sensitivity_table():
+    import pandas as pd
+    from types import SimpleNamespace
+
+    idx = pd.MultiIndex.from_tuples([("K (last layers)", "10"), ("K (last layers)", "all layers"),
+                                     ("aggregate", "mass_then_logodds"), ("aggregate", "logodds_then_mean")])
+    table = pd.DataFrame({"a": [0.7, -0.3, 0.7, 0.9], "b": [0.0, -0.2, 0.0, 0.01]}, index=idx)
+    main = {"a": SimpleNamespace(S=0.7), "b": SimpleNamespace(S=0.0)}
+    assert sink.ordering_flips(table, main) == [("K (last layers)", "all layers")]
+    assert sink.ordering_flips(table[["a"]], main) == []
+    assert sink.aggregate_direction(table) == "higher for every model"
+    table.loc[("aggregate", "logodds_then_mean"), "b"] = -0.5
+    assert sink.aggregate_direction(table) == "higher for a and lower for b"
+    rob = pd.DataFrame({"a": [0.6, 0.8], "b": [-0.2, 0.02]})
+    assert sink.sign_note(rob) == "The S of b changes sign from one calibration set to another."
+    assert sink.sign_note(rob[["a"]]).startswith("Each model")
+
+
+def test_first_token_reading_and_layer_means():
+    masses = {"pos": {"default": 0.46, "bos": 0.43, "none": 0.46, "word": 0.47},
+              "tied": {"default": 0.472, "bos": 0.472, "none": 0.024, "word": 0.026}}
+    text = sink.first_token_reading(masses)
+    assert "pos's mean sink mass is 0.460" in text and "its sink is positional" in text
+    assert "tied's mean sink mass is 0.472" in text and "0.026 with an ordinary word first (6% kept): its sink is tied" in text
+    out = sink.layer_means_text(np.array([[0.0, 0.2], [1.0, 0.4]]), [0, 1], per_line=1)
+    assert out == "L0 0.10\nL1 0.70"
