@@ -284,7 +284,7 @@ def repository_url() -> str:
     return str(cfg["repository"]["url"]).rstrip("/")
 
 
-BOOTSTRAP_FIRST_LINE = "# On Colab: install sinklib, the embedded models and the graders. Elsewhere this cell does nothing."
+BOOTSTRAP_FIRST_LINE = "# On Colab: install sinkbook, the embedded models and the graders. Elsewhere: nothing."
 
 
 def bootstrap_source(url: str) -> str:
@@ -292,7 +292,7 @@ def bootstrap_source(url: str) -> str:
     return f"""{BOOTSTRAP_FIRST_LINE}
 import sys
 
-REPOSITORY = "{url}"  # _config.yml's repository.url; for a fork: python -m sinklib.book set-repo URL
+REPOSITORY = "{url}"  # from _config.yml
 if "google.colab" in sys.modules:
     get_ipython().run_line_magic("pip", f"install -q 'sinkbook @ git+{{REPOSITORY}}'")
     import importlib
@@ -300,7 +300,7 @@ if "google.colab" in sys.modules:
     importlib.invalidate_caches()
     from sinklib.install import install_extras
 
-    install_extras("models", "graders")  # the embedded models and IFEval graders, with --no-deps"""
+    install_extras("models", "graders")  # with pip --no-deps (see sinklib.install)"""
 
 
 def set_repo(url: str) -> list[str]:
