@@ -387,6 +387,9 @@ CHAPTER3_PARAMS = {
     "n_directions": integer(1), "sensitivity_rel": Dependent(_in_rel_changes), "device": text()}
 
 
-from .bound_instances import (DIRECTION_KINDS, Instance, check_instance, logit_range,  # noqa: E402
-                              planted_sink_layer, random_direction, random_instance, worst_direction)
-from .bound_real import LayerQK, capture_qk_inputs, head_norms, layer_sensitivity  # noqa: E402  (uses this module)
+from .bound_instances import (DIRECTION_KINDS, Instance, check_instance, first_order_violations,  # noqa: E402
+                              flip_fractions, flip_table, layerwise_coupling, logit_range, null_space_query,
+                              per_head_formula_on_unnormalised, planted_sink_layer, random_direction,
+                              random_instance, weak_head_flips, worst_direction)
+from .bound_real import (LayerQK, capture_qk_inputs, head_norms, layer_sensitivity,  # noqa: E402  (uses this module)
+                         measure_real_model, real_models_summary, real_scale_sweep, sink_norm_ratios)

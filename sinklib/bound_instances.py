@@ -1,16 +1,20 @@
 """Instances for testing Theorem 1: random weight directions, random attention layers of each
-QK-norm variant, a planted-sink layer (Remark 1), the tightness of the bound on an instance and a
-gradient adversary that searches for the direction closest to breaking it.
+QK-norm variant, a planted-sink layer (Remark 1) and its sign flips under weight changes, the
+tightness of the bound on an instance, a gradient adversary that searches for the direction closest
+to breaking it, and the constructions that break the bound on purpose (dropping one assumption).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
-from .bound import VARIANTS, QKSpec, gap_change, gap_change_bound, gap_changes, rope_tables, spectral_norm
+from .bound import (VARIANTS, QKSpec, first_order_gap_bound, gap_change, gap_change_bound, gap_changes, qk_logits,
+                    rope_tables, sink_gap, spectral_norm)
 from .errors import ParameterError
 
 def random_direction(w: Tensor, rel: float, generator: torch.Generator | None = None, norm: str = "spectral") -> Tensor:
@@ -224,3 +228,133 @@ def worst_direction(inst: Instance, steps: int = 100, lr: float = 0.05, sink: in
         if not all(bool(torch.isfinite(p).all()) and float(p.detach().abs().max()) > 0 for p in params):
             break
     return best, best_inst
+
+
+# ---------------------------------------------------------------------------------------
+# Remark 1: sign flips of the sink gap in the planted-sink layer
+
+def flip_fractions(x: Tensor, wq: Tensor, wk: Tensor, spec: QKSpec, rel: float, only_strongest: bool, draws: int,
+                   generator: torch.Generator) -> np.ndarray:
+    """Fraction of queries whose max-gap changes sign, per head, averaged over ``draws`` Gaussian changes
+    with spectral norm ``rel`` times the weight's; with ``only_strongest`` only the last head's blocks
+    move. x [T, d], wq [H*dh, d], wk [H*dh, d] (no GQA) -> [H]."""
+    H, dh = spec.n_heads, spec.head_dim
+    g0 = sink_gap(qk_logits(x, wq, wk, spec))
+    fl = torch.zeros(H, dtype=x.dtype)
+    for _ in range(draws):
+        dq, dk = random_direction(wq, 1.0, generator), random_direction(wk, 1.0, generator)
+        if only_strongest:
+            keep = torch.zeros(H * dh, 1, dtype=wq.dtype)
+            keep[-dh:] = 1
+            dq, dk = dq * keep, dk * keep
+        dq = dq * rel * torch.linalg.matrix_norm(wq, ord=2) / torch.linalg.matrix_norm(dq, ord=2)
+        dk = dk * rel * torch.linalg.matrix_norm(wk, ord=2) / torch.linalg.matrix_norm(dk, ord=2)
+        g1 = sink_gap(qk_logits(x, wq + dq, wk + dk, spec))
+        fl += (torch.sign(g1) != torch.sign(g0)).double().mean(-1)
+    return (fl / draws).numpy()
+
+
+FLIP_KINDS: tuple[tuple[str, bool], ...] = (("whole matrices", False), ("strongest head only", True))
+
+
+def flip_table(x: Tensor, wq: Tensor, wk: Tensor, specs: dict[str, QKSpec], head_scales: Tensor, rels: list[float],
+               draws: int, generator: torch.Generator, labels: dict[str, str] | None = None) -> pd.DataFrame:
+    """`flip_fractions` for both kinds of move (`FLIP_KINDS`), every variant of ``specs`` and every relative
+    size, drawn in that order from ``generator``. head_scales [H] ->
+    rows {kind, variant (``labels[v]``), rel, head, raw_scale, flips}."""
+    labels = labels or {}
+    rows = []
+    for kind, only in FLIP_KINDS:
+        for v, spec in specs.items():
+            for rel in rels:
+                for h, f in enumerate(flip_fractions(x, wq, wk, spec, rel, only, draws, generator)):
+                    rows.append(dict(kind=kind, variant=labels.get(v, v), rel=rel, head=h,
+                                     raw_scale=float(head_scales[h]), flips=f))
+    return pd.DataFrame(rows)
+
+
+def weak_head_flips(flips: pd.DataFrame, head_scales: Tensor) -> pd.DataFrame:
+    """Mean flip fraction of the weaker half of the heads (the strongest head excluded), per kind of move
+    and relative size, one column per variant. flips: a `flip_table`."""
+    H = head_scales.numel()
+    weak = flips.raw_scale < head_scales[H // 2].item()
+    return flips[weak & (flips["head"] < H - 1)].groupby(["kind", "variant", "rel"]).flips.mean().unstack("variant")
+
+
+# ---------------------------------------------------------------------------------------
+# breaking the bound on purpose
+
+def first_order_violations(generator: torch.Generator, n: int, tol: float = 1e-9) -> tuple[int, int]:
+    """One-dimensional layers (d = dh = 1, no RoPE) with dW = +-rel*W, input scale in [0.1, 10] and rel in
+    [0.1, 3] (log-uniform): in how many of ``n`` layers the first-order bound (`first_order_gap_bound`)
+    and Theorem 1 (`gap_change_bound`) are violated. -> (first-order violations, Theorem 1 violations)."""
+    viol_first = viol_full = 0
+    for _ in range(n):
+        inst = random_instance(generator, "none", _logu(generator, 0.1, 10.0), _logu(generator, 0.1, 3.0),
+                               direction="scaled_copy", sizes=dict(d=1, dh=1, H=1, Hkv=1, rope=False))
+        ch = gap_changes(**inst.kwargs())
+        act = torch.maximum(ch["max"].abs(), ch["lse"].abs())
+        first = first_order_gap_bound(inst.x, inst.wq, inst.wk, inst.dwq, inst.dwk, inst.spec)
+        viol_first += int((act > first * (1 + tol)).any())
+        viol_full += int((act > gap_change_bound(**inst.kwargs()) * (1 + tol)).any())
+    return viol_first, viol_full
+
+
+def per_head_formula_on_unnormalised(generator: torch.Generator, n_instances: int, rel: float, scales,
+                                     tol: float = 1e-9) -> pd.Series:
+    """The per-head bound wrongly evaluated on unnormalised layers (d 32, dh 8, 4 / 2 heads, 12 tokens, RoPE)
+    whose inputs are multiplied by each of ``scales``: fraction of (head, query) pairs where it is below the
+    actual |change of the max-gap|, averaged over ``n_instances`` layers. -> Series indexed by scale."""
+    rows = []
+    for _ in range(n_instances):
+        inst = random_instance(generator, "none", 1.0, rel, direction="gaussian",
+                               sizes=dict(d=32, dh=8, H=4, Hkv=2, T=12, eps=1e-6, rope=True))
+        s = inst.spec
+        pretend = QKSpec("per_head", s.n_heads, s.n_kv_heads, s.head_dim, s.scaling, 0.0)
+        for lam in scales:
+            kw = {**inst.kwargs(), "x": lam * inst.x}
+            act = gap_changes(**kw)["max"].abs()
+            wrong = gap_change_bound(**{**kw, "spec": pretend})
+            rows.append(dict(scale=lam, violated=float((act > wrong * (1 + tol)).double().mean())))
+    return pd.DataFrame(rows).groupby("scale").violated.mean()
+
+
+def layerwise_coupling(x: Tensor, wq: Tensor, wk: Tensor, spec: QKSpec, rel: float = 0.1, tol: float = 1e-9) -> dict:
+    """Only the strongest (last) head's block of W_Q grows by ``rel`` in a layerwise layer (no GQA): the
+    per-head bound of the other heads (0: their weights did not move) against their actual change.
+    -> {"per_head_bound_max", "actual_max"} (over heads 0..H-2, all queries), "layerwise_holds"."""
+    if spec.norm != "layerwise":
+        raise ParameterError(f"layerwise_coupling needs a layerwise spec, got {spec.norm!r}")
+    dh = spec.head_dim
+    sp_h = QKSpec("per_head", spec.n_heads, spec.n_heads, dh, spec.scaling, spec.eps)
+    dq = torch.zeros_like(wq)
+    dq[-dh:] = rel * wq[-dh:]
+    kw = dict(x=x, wq=wq, wk=wk, dwq=dq, dwk=torch.zeros_like(wk), spec=spec)
+    act = gap_changes(**kw)["max"].abs()
+    return {"per_head_bound_max": gap_change_bound(**{**kw, "spec": sp_h})[:-1].max().item(),
+            "actual_max": act[:-1].max().item(),
+            "layerwise_holds": bool((act <= gap_change_bound(**kw) * (1 + tol)).all())}
+
+
+def null_space_query(generator: torch.Generator, ts, rel: float = 1e-3, d: int = 16, dh: int = 4, T: int = 8,
+                     direction_seed: int = 7) -> pd.DataFrame:
+    """One per-head-normalised head (eps = 0) whose last query is moved towards the null space of W_Q,h
+    (||W_Q,h x|| ~ t for each t of ``ts``), under a change of relative spectral size ``rel`` (the same
+    direction for every t). -> rows {t, tau, change (|d gap_max| of the last query), bound, flipped}."""
+    wq, wk = torch.randn(dh, d, generator=generator, dtype=torch.float64), torch.randn(
+        dh, d, generator=generator, dtype=torch.float64)
+    x = torch.randn(T, d, generator=generator, dtype=torch.float64)
+    null = torch.linalg.svd(wq, full_matrices=True).Vh[-1]      # W_Q @ null = 0
+    spec = QKSpec("per_head", 1, 1, dh, dh**-0.5, 0.0)
+    rows = []
+    for t in ts:
+        x_t = x.clone()
+        x_t[-1] = null * x[-1].norm() + t * x[-1]
+        dq = random_direction(wq, rel, torch.Generator().manual_seed(direction_seed))
+        kw = dict(x=x_t, wq=wq, wk=wk, dwq=dq, dwk=torch.zeros_like(wk), spec=spec)
+        ch = gap_changes(**kw)
+        g0 = ch["before"]["max"][0, -1]
+        rows.append(dict(t=t, tau=float(torch.linalg.matrix_norm(dq, ord=2) * x_t[-1].norm() / (wq @ x_t[-1]).norm()),
+                         change=float(ch["max"][0, -1].abs()), bound=float(gap_change_bound(**kw)[0, -1]),
+                         flipped=bool(torch.sign(g0 + ch["max"][0, -1]) != torch.sign(g0))))
+    return pd.DataFrame(rows)

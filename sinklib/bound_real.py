@@ -1,6 +1,8 @@
 """Theorem 1 on real layers: capture the inputs of a Hugging Face model's query/key projections
 (after each layer's input norm), its weights, QK-norm gains and RoPE tables (`capture_qk_inputs`),
-and measure a layer's sensitivity to weight changes against the bound (`layer_sensitivity`).
+and measure a layer's sensitivity to weight changes against the bound (`layer_sensitivity`), the norm
+of the sink token's inputs (`sink_norm_ratios`), an input-scale sweep on a real layer (`real_scale_sweep`),
+all of it for one model (`measure_real_model`), summarised per model (`real_models_summary`).
 """
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -172,4 +176,67 @@ def capture_qk_inputs(model: Any, input_ids: Tensor, layers: list[int] | None = 
             wq=cv(attn.q_proj.weight), wk=cv(attn.k_proj.weight), spec=spec, gq=gq, gk=gk,
             bq=cv(attn.q_proj.bias), bk=cv(attn.k_proj.bias),
             rope=None if rope is None else (cv(rope[0][0]), cv(rope[1][0])), sliding_window=window))
+    return out
+
+
+def sink_norm_ratios(layer: LayerQK) -> dict:
+    """Norm of the sink token (position 0) over the median norm of the other tokens, at the input of
+    q_proj/k_proj (``x_ratio``) and in the residual stream (``res_ratio``), with the two norms at the input."""
+    xn, rn = layer.x.norm(dim=-1), layer.residual.norm(dim=-1)
+    return dict(x_ratio=float(xn[0] / xn[1:].median()), res_ratio=float(rn[0] / rn[1:].median()),
+                x_sink=float(xn[0]), x_other=float(xn[1:].median()))
+
+
+def real_scale_sweep(layer: LayerQK, dwq: Tensor, dwk: Tensor, scales, source: str) -> list[dict]:
+    """Every input of a real layer multiplied by each of ``scales``, the weight change fixed: median
+    |change of the max-gap| and median bound over heads and queries.
+    -> rows {source, variant, instance (0), scale, change, bound}."""
+    rows = []
+    for lam in scales:
+        kw = {**layer.kwargs(dwq, dwk), "x": lam * layer.x}
+        rows.append(dict(source=source, variant=layer.spec.norm, instance=0, scale=lam,
+                         change=float(gap_changes(**kw, competitors=("max",))["max"].abs().median()),
+                         bound=float(gap_change_bound(**kw).median())))
+    return rows
+
+
+def measure_real_model(model: Any, prompt_ids: list[list[int]], name: str, layer_stride: int, rel_changes: list[float],
+                       n_directions: int, generator: torch.Generator, scales, sweep_rel: float,
+                       labels: dict[str, str] | None = None) -> dict:
+    """Theorem 1 on one model: every ``layer_stride``-th layer, for each prompt, `layer_sensitivity` and
+    `sink_norm_ratios`; on the first prompt also `real_scale_sweep` of the middle captured layer with a
+    Gaussian change of Frobenius size ``sweep_rel``. All randomness from ``generator``, in that order.
+
+    -> {"norm": the model's QK-norm variant, "sensitivity": rows of `layer_sensitivity` plus model, norm,
+    prompt, depth; "norms": rows {model, layer, depth, prompt, **sink_norm_ratios}; "sweep": sweep rows}.
+    """
+    labels = labels or {}
+    n_layers = model.config.get_text_config().num_hidden_layers
+    layers = list(range(0, n_layers, layer_stride))
+    out: dict = {"norm": None, "sensitivity": [], "norms": [], "sweep": []}
+    for p_i, ids in enumerate(prompt_ids):
+        caps = capture_qk_inputs(model, torch.tensor([ids]), layers=layers)
+        out["norm"] = caps[0].spec.norm
+        for L in caps:
+            depth = L.layer / (n_layers - 1)
+            for row in layer_sensitivity(L, rel_changes, n_directions, generator):
+                out["sensitivity"].append(dict(model=name, norm=L.spec.norm, prompt=p_i, depth=depth, **row))
+            out["norms"].append(dict(model=name, layer=L.layer, depth=depth, prompt=p_i, **sink_norm_ratios(L)))
+        if p_i == 0:   # input-scale sweep on the middle captured layer
+            L = caps[len(caps) // 2]
+            dq = random_direction(L.wq, sweep_rel, generator, "fro")
+            dk = random_direction(L.wk, sweep_rel, generator, "fro")
+            source = f"{name} layer {L.layer} ({labels.get(L.spec.norm, L.spec.norm)})"
+            out["sweep"] += real_scale_sweep(L, dq, dk, scales, source)
+    return out
+
+
+def real_models_summary(real: pd.DataFrame, models: list[str], tol: float = 1e-9) -> dict:
+    """Per model, over all rows of `measure_real_model`'s "sensitivity" (as a DataFrame): cells, gap values
+    (actual / bound, both competitors), violations (ratio > 1 + tol), median and max tightness."""
+    out = {}
+    for m in models:
+        r = np.concatenate(real[real.model == m].ratios.values)
+        out[m] = dict(cells=int((real.model == m).sum()), gap_values=int(len(r)), violations=int((r > 1 + tol).sum()),
+                      median_tightness=float(np.median(r)), max_tightness=float(r.max()))
     return out

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -10,9 +12,11 @@ from hypothesis import strategies as st
 
 from sinklib.bound import (
     DIRECTION_KINDS, VARIANTS, Instance, QKSpec, capture_qk_inputs, check_instance, first_order_gap_bound,
-    gap_change, gap_change_bound, gap_changes, head_norms, layer_sensitivity, logit_range, normalised_change_bound,
-    planted_sink_layer, project, qk_logits, random_direction, random_instance, rms_normalize, rope_gain, rope_tables,
-    sink_gap, spectral_norm, worst_direction,
+    first_order_violations, flip_fractions, flip_table, gap_change, gap_change_bound, gap_changes, head_norms,
+    layer_sensitivity, layerwise_coupling, logit_range, measure_real_model, normalised_change_bound, null_space_query,
+    per_head_formula_on_unnormalised, planted_sink_layer, project, qk_logits, random_direction, random_instance,
+    real_models_summary, real_scale_sweep, rms_normalize, rope_gain, rope_tables, sink_gap, sink_norm_ratios,
+    spectral_norm, weak_head_flips, worst_direction,
 )
 from sinklib.errors import AttentionError, ParameterError
 
@@ -294,3 +298,94 @@ def test_clear_errors():
     inst = scalar_instance(1.0, 2.0, 0.1, 0.1)
     with pytest.raises(ParameterError, match="shape"):
         gap_change_bound(**{**inst.kwargs(), "dwq": torch.zeros(2, 1, dtype=D64)})
+
+
+# ---------------------------------------------------------------------------------------
+# the chapter's experiments as functions (Remark 1 flips, breaking the bound, real models)
+
+def _planted(H: int = 4, dh: int = 8):
+    scales = torch.logspace(-1.5, 0, H, dtype=D64)
+    x, wq, wk = planted_sink_layer(torch.Generator().manual_seed(0), scales, d=32, head_dim=dh, T=16)
+    specs = {v: QKSpec(v, H, H, dh, dh ** -0.5, 1e-6) for v in VARIANTS}
+    return scales, x, wq, wk, specs
+
+
+def test_flip_fractions_zero_change_and_untouched_heads():
+    scales, x, wq, wk, specs = _planted()
+    f0 = flip_fractions(x, wq, wk, specs["layerwise"], 0.0, False, 2, torch.Generator().manual_seed(1))
+    assert f0.shape == (4,) and (f0 == 0).all()                          # no change, no flip
+    f = flip_fractions(x, wq, wk, specs["per_head"], 0.3, True, 3, torch.Generator().manual_seed(1))
+    assert (f[:-1] == 0).all() and ((0 <= f) & (f <= 1)).all()           # per-head: other heads untouched
+
+
+def test_flip_table_and_weak_head_flips():
+    scales, x, wq, wk, specs = _planted()
+    flips = flip_table(x, wq, wk, specs, scales, [0.01, 0.1], 2, torch.Generator().manual_seed(2),
+                       labels={"per_head": "per-head"})
+    assert len(flips) == 2 * 3 * 2 * 4 and set(flips.variant) == {"none", "per-head", "layerwise"}
+    assert list(flips.columns) == ["kind", "variant", "rel", "head", "raw_scale", "flips"]
+    again = flip_table(x, wq, wk, specs, scales, [0.01, 0.1], 2, torch.Generator().manual_seed(2),
+                       labels={"per_head": "per-head"})
+    assert flips.equals(again)                                            # all randomness from the generator
+    summary = weak_head_flips(flips, scales)
+    assert summary.shape == (4, 3)                                        # (kind, rel) x variant
+    weak = flips[(flips.raw_scale < scales[2].item()) & (flips["head"] < 3)]
+    assert summary.loc[("whole matrices", 0.1), "layerwise"] == pytest.approx(
+        weak[(weak.kind == "whole matrices") & (weak.rel == 0.1) & (weak.variant == "layerwise")].flips.mean())
+
+
+def test_first_order_violations_counts():
+    first, full = first_order_violations(torch.Generator().manual_seed(0), 30)
+    assert full == 0 and 0 < first <= 30                                  # the second-order term is needed
+
+
+def test_per_head_formula_on_unnormalised():
+    b = per_head_formula_on_unnormalised(torch.Generator().manual_seed(0), 2, 1e-2, np.logspace(-2, 3, 3))
+    assert list(b.index) == pytest.approx(list(np.logspace(-2, 3, 3)))
+    assert ((0 <= b) & (b <= 1)).all() and b.iloc[-1] > b.iloc[0]        # wrong once inputs are large
+
+
+def test_layerwise_coupling():
+    _, x, wq, wk, specs = _planted()
+    r = layerwise_coupling(x, wq, wk, specs["layerwise"], rel=0.1)
+    assert r["per_head_bound_max"] == 0 and r["actual_max"] > 0 and r["layerwise_holds"]
+    with pytest.raises(ParameterError):
+        layerwise_coupling(x, wq, wk, specs["per_head"])
+
+
+def test_null_space_query():
+    b = null_space_query(torch.Generator().manual_seed(0), np.logspace(-6, 0, 4))
+    assert list(b.columns) == ["t", "tau", "change", "bound", "flipped"] and len(b) == 4
+    assert (b.change <= b.bound * (1 + TOL)).all()                        # the bound still holds
+    assert b.tau.iloc[0] > 100 * b.tau.iloc[-1]                            # tau grows near the null space
+
+
+def test_sink_norm_ratios_and_real_scale_sweep():
+    from sinklib.models import tiny_model
+    m = tiny_model("llama", seed=1).model
+    L = capture_qk_inputs(m, torch.randint(3, 128, (1, 10), generator=torch.Generator().manual_seed(1)), layers=[1])[0]
+    r = sink_norm_ratios(L)
+    xn = L.x.norm(dim=-1)
+    assert r["x_sink"] == pytest.approx(float(xn[0])) and r["x_ratio"] == pytest.approx(float(xn[0] / xn[1:].median()))
+    dq = random_direction(L.wq, 1e-2, torch.Generator().manual_seed(0))
+    rows = real_scale_sweep(L, dq, torch.zeros_like(L.wk), [1.0, 10.0], "src")
+    assert [row["scale"] for row in rows] == [1.0, 10.0] and all(row["source"] == "src" for row in rows)
+    assert rows[1]["change"] == pytest.approx(100 * rows[0]["change"], rel=1e-6)   # no QK-norm, no bias: x^2
+    assert all(row["change"] <= row["bound"] for row in rows)
+
+
+def test_measure_real_model_and_summary():
+    from sinklib.models import tiny_model
+    m = tiny_model("qwen3", seed=1).model
+    g = torch.Generator().manual_seed(3)
+    ids = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (9, 12)]
+    out = measure_real_model(m, ids, "tiny", 2, [1e-2], 1, torch.Generator().manual_seed(0), [1.0, 10.0], 1e-2,
+                             labels={"per_head": "per-head"})
+    n_layers = m.config.get_text_config().num_hidden_layers
+    n_caught = len(range(0, n_layers, 2))
+    assert out["norm"] == "per_head"
+    assert len(out["sensitivity"]) == 2 * n_caught and len(out["norms"]) == 2 * n_caught and len(out["sweep"]) == 2
+    assert out["sweep"][0]["source"].endswith("(per-head)")
+    summary = real_models_summary(pd.DataFrame(out["sensitivity"]), ["tiny"])
+    assert summary["tiny"]["cells"] == 2 * n_caught and summary["tiny"]["violations"] == 0
+    assert 0 < summary["tiny"]["median_tightness"] <= summary["tiny"]["max_tightness"] <= 1
