@@ -302,3 +302,79 @@ def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
     keys = ("seed", "image_size", "stage1_steps", "stage2_steps", "batch_size", "lr_projector", "lr_lm",
             "lr_projector_stage2", "schedule")
     return pair_params(name, weights=weights, **{k: params[k] for k in keys})
+
+
+# ---------------------------------------------------------------------------------------
+# display tables of chapters 4 and 6 (what is shown; the saved results keep the full frames)
+
+#: short display names of the score columns ('suite metric'), explained by SCORE_LEGEND
+SCORE_LABELS = {"instructions strict": "instr. strict", "instructions lenient": "instr. lenient",
+                "math strict": "math strict", "math lenient": "math lenient", "knowledge acc": "knowl.",
+                "perplexity ppl": "ppl", "VQA (%)": "VQA"}
+SCORE_LEGEND = ("instr. = instruction following, strict or lenient format; math = arithmetic graded by the strict "
+                "or lenient parser; knowl. = knowledge multiple-choice accuracy; scores in %; ppl = perplexity; "
+                "VQA = held-out visual question accuracy (%)")
+_CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random"}
+
+
+def budget_table(budget_rows: Sequence[Mapping[str, Any]]):
+    """Chapter 4's token budget for display: rows (model, quantity), one column per condition and stage."""
+    from .plots import Table
+
+    df = pd.DataFrame(budget_rows)
+    quantities = [c for c in df.columns if c not in ("model", "condition", "stage")]
+    df["run"] = [f"{_CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
+    long = df.melt(id_vars=["model", "run"], value_vars=quantities, var_name="quantity")
+    long["quantity"] = long["quantity"].str.replace("_", " ")
+    wide = long.pivot_table(index=["model", "quantity"], columns="run", values="value", aggfunc="first", sort=False)
+    wide = wide.map(lambda v: "" if pd.isna(v) else f"{int(v):,}")
+    wide.columns.name = None
+    return Table(wide, "Summed over each stage: optimiser steps, training examples, answer tokens (the loss's "
+                       "targets) and input positions (visual + text = input; padded: with padding). The text-only "
+                       "control runs one stage, matched to VL stage 2.")
+
+
+def by_model_table(rows: pd.DataFrame, legend: str = "", digits: int = 1):
+    """A one-row-per-model frame transposed for display: one column per model, one row per column of `rows`
+    (numbers with `digits` decimals, booleans as yes/no)."""
+    from .plots import Table
+
+    t = rows.set_index("model").T
+    t = t.map(lambda v: ("yes" if v else "no") if isinstance(v, (bool, np.bool_)) else
+              (f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else v))
+    t.columns.name = None
+    return Table(t, legend)
+
+
+def condition_tables(rows: pd.DataFrame, legend: str = SCORE_LEGEND) -> list:
+    """`condition_row` rows (model, condition, S, VQA (%), 'suite metric' scores) for display: index
+    (model, condition without 'merge:'), short headers (`SCORE_LABELS`), S to 3 decimals and scores to 1;
+    split into tables that fit the book's column."""
+    from .plots import tables
+
+    cols = ["S", "VQA (%)", "instructions strict", "math strict", "instructions lenient", "math lenient",
+            "knowledge acc", "perplexity ppl"]
+    d = rows.copy()
+    d["condition"] = [str(c).replace("merge:", "") for c in d["condition"]]
+    d = d.set_index(["model", "condition"])[[c for c in cols if c in rows]]
+    for c in d.columns:
+        d[c] = [f"{v:.3f}" if c == "S" else ("" if pd.isna(v) else f"{v:.1f}") for v in d[c]]
+    d.columns = [SCORE_LABELS.get(c, c) for c in d.columns]
+    return tables(d, legend)
+
+
+def merge_verdict_table(verdicts: pd.DataFrame):
+    """Chapter 6's merge verdicts for display: short headers, the repeated reported verdict as the legend."""
+    from .plots import Table
+
+    names = {"strict format change vs VL (pt)": "strict change vs VL (pt)", "worse than VL": "worse than VL",
+             "recovers to base level": "back to base", "VQA kept (% of VL)": "VQA kept (%)", "S": "S"}
+    d = verdicts.set_index(["model", "method"])[list(names)].rename(columns=names)
+    for c in d.columns:
+        d[c] = [("yes" if v else "no") if isinstance(v, (bool, np.bool_)) else
+                ("" if pd.isna(v) else (f"{v:.3f}" if c == "S" else f"{v:.1f}")) for v in d[c]]
+    reported = "; ".join(f"{m}: {v}" for v, ms in verdicts.groupby("paper's verdict (reported)", sort=False).method
+                         for m in [", ".join(dict.fromkeys(ms))])
+    return Table(d, "strict = mean of the strict-format scores; back to base: the strict mean reaches the base "
+                    "LLM's; VQA kept: the merge's VQA accuracy as % of the VL model's. The paper's verdict "
+                    f"(reported): {reported}.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -10,14 +11,136 @@ import numpy as np
 QK_NORM_COLORS = {"none": "#d62728", "per_head": "#1f77b4", "layerwise": "#ff7f0e", "unknown": "#7f7f7f"}
 
 
+#: the width of a chapter's output column in the rendered book at a 1280 px window (px); wider figures
+#: and tables are scaled down or overflow
+COLUMN_PX = 688
+DPI = 110
+#: default figure width (in): a figure this wide renders at its natural size in the output column
+FIG_WIDTH = COLUMN_PX / DPI
+#: smallest font size (pt) of the theme: at DPI and natural size it is at least the body font (16 px)
+MIN_FONT_PT = 11
+
+
 def set_theme() -> None:
-    """The book's single plotting theme (call once at the top of a notebook)."""
+    """The book's single plotting theme (call once at the top of a notebook): figures FIG_WIDTH wide,
+    no text smaller than MIN_FONT_PT, so that figure text reads at the size of the body text."""
     import matplotlib as mpl
     import seaborn as sns
 
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
-    mpl.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "figure.figsize": (7.0, 4.0),
-                         "axes.titleweight": "bold", "axes.titlesize": 11})
+    mpl.rcParams.update({"figure.dpi": DPI, "savefig.dpi": DPI, "figure.figsize": (FIG_WIDTH, 3.8),
+                         "axes.titleweight": "bold", "axes.titlesize": 12, "figure.titlesize": 13,
+                         "figure.titleweight": "bold", "font.size": 12, "axes.labelsize": 12,
+                         "xtick.labelsize": MIN_FONT_PT, "ytick.labelsize": MIN_FONT_PT,
+                         "legend.fontsize": MIN_FONT_PT, "legend.title_fontsize": MIN_FONT_PT})
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, height: float = 3.4, width: float | None = None, **kwargs):
+    """``plt.subplots`` sized for the book: FIG_WIDTH wide (or `width`), `height` inches per row;
+    returns (fig, axes as a flat list)."""
+    import matplotlib.pyplot as plt
+
+    fig, grid = plt.subplots(nrows, ncols, figsize=(width or FIG_WIDTH, height * nrows), squeeze=False, **kwargs)
+    return fig, list(grid.flat)
+
+
+def rendered_font_px(fig, column_px: int = COLUMN_PX) -> float:
+    """Smallest visible text of `fig` in screen px once the book shows it in a `column_px` column (the
+    image is saved with a tight bounding box and scaled down when wider than the column)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    width_px = fig.get_tightbbox(renderer).width * fig.dpi
+    scale = min(1.0, column_px / width_px)
+    sizes = [t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_fontsize"))
+             if t.get_visible() and t.get_text().strip()]
+    return min(sizes) * fig.dpi / 72 * scale if sizes else float("inf")
+
+
+def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], *, ncols: int = 3, title: str = "",
+               wrap: int = 22, height: float = 2.9):
+    """Images in a grid `ncols` wide at the book's figure width, each titled (wrapped at `wrap` characters)."""
+    import textwrap
+
+    nrows = math.ceil(len(images) / ncols)
+    fig, axes = subplots(nrows, ncols, height=height)
+    for ax, im, t in zip(axes, images, titles):
+        ax.imshow(im)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
+        ax.set_title("\n".join(textwrap.fill(line, wrap) for line in t.split("\n")), fontsize=MIN_FONT_PT,
+                     fontweight="normal")
+    for ax in axes[len(images):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- tables
+
+#: estimated px of one character of a table cell, and the padding of one column (both generous: the
+#: estimate is an upper bound of the rendered width measured in Chromium)
+CHAR_PX = 9.3
+CELL_PAD_PX = 16
+
+
+@dataclass
+class Table:
+    """A table for display: `frame` (already formatted) and a `legend` line shown under it."""
+
+    frame: Any
+    legend: str = ""
+
+    def _repr_html_(self) -> str:
+        import html
+
+        out = self.frame.to_html(border=0, na_rep="", escape=True)
+        if self.legend:
+            out += f'\n<p class="table-legend">{html.escape(self.legend)}</p>'
+        return f"<div>{out}</div>"
+
+    def __repr__(self) -> str:
+        return self.frame.to_string(na_rep="") + (f"\n{self.legend}" if self.legend else "")
+
+    def width_px(self) -> float:
+        return table_width_px(self.frame)
+
+
+def _cells(values: Sequence[Any]) -> list[str]:
+    return ["" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
+
+
+def table_width_px(frame) -> float:
+    """Upper estimate of the rendered width (px) of `frame` as a book table: per column (index levels
+    included) its longest unbreakable word, in header or cells, at CHAR_PX per character plus padding."""
+    import pandas as pd
+
+    columns = []
+    idx = frame.index
+    for level in range(idx.nlevels):
+        vals = idx.get_level_values(level) if isinstance(idx, pd.MultiIndex) else idx
+        name = idx.names[level] if idx.names[level] is not None else ""
+        columns.append(_cells([name, *vals]))
+    for j in range(frame.shape[1]):
+        head = frame.columns[j] if isinstance(frame.columns[j], tuple) else (frame.columns[j],)
+        columns.append(_cells([*head, *frame.iloc[:, j]]))
+    return sum(max((len(w) for v in col for w in v.split()), default=0) * CHAR_PX + CELL_PAD_PX for col in columns)
+
+
+def fmt(values, digits: int = 1, *, signed: bool = False) -> list[str]:
+    """Numbers as text with `digits` decimals ('' for a missing value; '+' on positives if `signed`)."""
+    spec = f"{'+' if signed else ''}.{digits}f"
+    return ["" if v is None or (isinstance(v, float) and math.isnan(v)) else format(float(v), spec) for v in values]
+
+
+def short_label(name: str, abbreviations: dict[str, str] | None = None) -> str:
+    """A column or task name for display: `abbreviations` applied word by word, underscores as spaces (so
+    the browser can wrap it)."""
+    words = str(name).replace("_", " ").split()
+    ab = abbreviations or {}
+    return " ".join(ab.get(w, w) for w in words)
 
 
 def head_map(ax, values: np.ndarray, title: str, cbar_label: str, layers: list[int] | None = None,
@@ -36,7 +159,12 @@ def head_map(ax, values: np.ndarray, title: str, cbar_label: str, layers: list[i
     return ax
 
 
-def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 3,
+def change_label(task: str) -> str:
+    """The y-axis label of a panel task's change: points, except a perplexity change (no unit)."""
+    return "change in perplexity" if ("ppl" in task or "perplexity" in task) else "change after VL (points)"
+
+
+def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 2,
                   axes: Sequence[Any] | None = None):
     """One scatter per task: S (x) against the change in points (y), labelled by pair, coloured by qk_norm.
 
@@ -57,8 +185,7 @@ def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", nc
     if axes is None:
         ncols = max(1, min(ncols, len(tasks)))
         nrows = math.ceil(len(tasks) / ncols)
-        fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
-        ax_list = list(grid.flat)
+        fig, ax_list = subplots(nrows, ncols, height=3.3 if ncols > 1 else 3.8)
     else:
         ax_list = list(axes)
         if len(ax_list) < len(tasks):
@@ -71,22 +198,31 @@ def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", nc
             if len(s):
                 ax.scatter(s["S"], s[t], color=QK_NORM_COLORS[g], label=g, s=45, edgecolor="black", linewidth=0.5)
         for _, r in d.iterrows():
-            ax.annotate(r["pair"], (r["S"], r[t]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(str(r["pair"]).replace(" (this book)", ""), (r["S"], r[t]), textcoords="offset points",
+                        xytext=(0, 7), ha="center", fontsize=MIN_FONT_PT).set_in_layout(False)
+        ax.margins(x=0.3, y=0.25)
         ax.axhline(0, color="grey", lw=0.8, ls=":")
-        sub = t[len(TASK_PREFIX):]
+        sub = short_label(t[len(TASK_PREFIX):])
         if len(d) >= 3 and np.ptp(d["S"]) > 0 and np.ptp(d[t]) > 0:
-            sub += f"  (rho = {stats.spearmanr(d['S'], d[t]).statistic:.2f}, n = {len(d)})"
+            sub += f"\n(rho = {stats.spearmanr(d['S'], d[t]).statistic:.2f}, n = {len(d)})"
         else:
-            sub += f"  (n = {len(d)})"
-        ax.set_title(sub, fontsize=10)
+            sub += f"\n(n = {len(d)})"
+        ax.set_title(sub, fontsize=12)
         ax.set_xlabel("Sink Strength S (log-odds)")
-        ax.set_ylabel("change after VL adaptation (points)")
-        ax.legend(title="QK-norm", fontsize=8, title_fontsize=8)
+        ax.set_ylabel(change_label(t))
+        if axes is not None:
+            ax.legend(title="QK-norm", fontsize=MIN_FONT_PT, title_fontsize=MIN_FONT_PT)
     for ax in ax_list[len(tasks):]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    if axes is None:  # one legend for the whole grid, under it
+        handles = {l: h for ax in ax_list[:len(tasks)] for h, l in zip(*ax.get_legend_handles_labels())}
+        fig.legend(list(handles.values()), list(handles), title="QK-norm", loc="lower center", ncol=len(handles),
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.7 / fig.get_figheight(), 1, 1))
+    else:
+        fig.tight_layout()
     return fig
 
 
@@ -112,7 +248,7 @@ def qk_norm_strip(ax, df, task: str, ranges: dict[str, tuple[float, float]] | No
         d = df[(df["qk_norm"] == g) & df[task].notna()]
         ax.scatter([i] * len(d), d[task], color=QK_NORM_COLORS[g], s=60, edgecolor="black", zorder=3)
         for _, r in d.iterrows():
-            ax.annotate(r["pair"], (i, r[task]), xytext=(6, 0), textcoords="offset points", fontsize=8)
+            ax.annotate(r["pair"], (i, r[task]), xytext=(6, 0), textcoords="offset points", fontsize=MIN_FONT_PT)
     for g, (lo, hi) in (ranges or {}).items():
         if g in order:
             ax.vlines(order.index(g) - 0.12, lo, hi, color=QK_NORM_COLORS[g], lw=6, alpha=0.35,
@@ -121,3 +257,31 @@ def qk_norm_strip(ax, df, task: str, ranges: dict[str, tuple[float, float]] | No
     ax.set_xlim(-0.5, len(order) - 0.2)
     ax.set_xlabel("QK-norm type of the backbone")
     return ax
+
+
+def split_to_fit(frame, max_px: float = COLUMN_PX) -> list:
+    """`frame` as one or more frames of consecutive columns (each with the full index), each estimated
+    (`table_width_px`) to fit `max_px`; a single column wider than that stays alone."""
+    parts, start = [], 0
+    while start < frame.shape[1]:
+        stop = start + 1
+        while stop < frame.shape[1] and table_width_px(frame.iloc[:, start:stop + 1]) <= max_px:
+            stop += 1
+        parts.append(frame.iloc[:, start:stop])
+        start = stop
+    return parts or [frame]
+
+
+def tables(frame, legend: str = "", max_px: float = COLUMN_PX) -> list[Table]:
+    """`split_to_fit` as Tables; the legend goes under the last one."""
+    parts = split_to_fit(frame, max_px)
+    return [Table(p, legend if i == len(parts) - 1 else "") for i, p in enumerate(parts)]
+
+
+def show(*items) -> None:
+    """Display Tables (or lists of them) one after another in a notebook."""
+    from IPython.display import display
+
+    for it in items:
+        for t in (it if isinstance(it, (list, tuple)) else [it]):
+            display(t)

@@ -108,3 +108,82 @@ def test_cached_json_computes_once(cache):
     assert sk_cache.cached_json({"a": 1}, compute) == {"x": 1.5}
     assert sk_cache.cached_json({"a": 2}, compute) == {"x": 1.5}
     assert len(calls) == 2
+
+
+# --------------------------------------------------------------------------- display tables (chapters 4, 6)
+
+TWO_MODELS = ("smollm2-135m", "gemma3-270m")
+
+
+def _budget_rows():
+    rows = []
+    for m in TWO_MODELS:
+        for cond, stages in (("vl", ("stage1", "stage2")), ("text_only", ("stage2",))):
+            for st in stages:
+                rows.append({"model": m, "condition": cond, "stage": st, "steps": 200, "examples": 6400,
+                             "answer_tokens": 14575, "input_positions": 168175, "visual_positions": 57600,
+                             "text_positions": 110575, "padded_positions": 172800})
+    return rows
+
+
+def test_budget_table_fits_the_column_with_two_models():
+    import pandas as pd
+
+    from sinklib import plots
+
+    t = pairs.budget_table(_budget_rows())
+    wide = pd.DataFrame(_budget_rows())
+    assert plots.table_width_px(wide) > plots.COLUMN_PX  # the old one-row-per-stage table did not fit
+    assert t.width_px() <= plots.COLUMN_PX
+    assert list(t.frame.columns) == ["VL stage 1", "VL stage 2", "text-only stage 2"]
+    assert t.frame.loc[("gemma3-270m", "input positions"), "VL stage 1"] == "168,175"
+    assert "answer tokens" in t._repr_html_() and "matched to VL stage 2" in t._repr_html_()
+
+
+def _merged_rows():
+    import numpy as np
+
+    rows = []
+    for m in TWO_MODELS:
+        for cond in ["base", "vl"] + [f"merge:{x}" for x in ("task_arithmetic", "uniform", "mix_95_5", "tsv", "star",
+                                                             "ties", "dare")]:
+            rows.append({"model": m, "condition": cond, "S": 0.123456, "VQA (%)": np.nan if cond == "base" else 63.25,
+                         "instructions strict": 12.5, "instructions lenient": 33.333, "math strict": 36.667,
+                         "math lenient": 36.667, "knowledge acc": 75.0, "perplexity ppl": 1234.56,
+                         "instructions inst_strict": 1.0})
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def test_condition_tables_fit_and_keep_every_score():
+    from sinklib import plots
+
+    tables = pairs.condition_tables(_merged_rows())
+    assert all(t.width_px() <= plots.COLUMN_PX for t in tables)
+    shown = [c for t in tables for c in t.frame.columns]
+    assert shown == ["S", "VQA", "instr. strict", "math strict", "instr. lenient", "math lenient", "knowl.", "ppl"]
+    first = tables[0].frame
+    assert first.index.nlevels == 2 and ("gemma3-270m", "task_arithmetic") in first.index
+    assert first.loc[("smollm2-135m", "vl"), "S"] == "0.123" and first.loc[("smollm2-135m", "base"), "VQA"] == ""
+    assert tables[-1].legend == pairs.SCORE_LEGEND
+
+
+def test_merge_verdict_and_by_model_tables():
+    import pandas as pd
+
+    from sinklib import plots
+
+    v = pd.DataFrame([{"model": m, "method": x, "strict format change vs VL (pt)": -14.2, "worse than VL": True,
+                       "recovers to base level": False, "VQA kept (% of VL)": 104.0, "S": 0.7491,
+                       "paper's verdict (reported)": "no recovery"} for m in TWO_MODELS
+                      for x in ("task_arithmetic", "uniform", "mix_95_5", "tsv", "star", "ties", "dare")])
+    t = pairs.merge_verdict_table(v)
+    assert t.width_px() <= plots.COLUMN_PX and "paper's verdict" not in t.frame.columns
+    assert "no recovery" in t.legend and t.frame.iloc[0]["worse than VL"] == "yes"
+    verdict = pd.DataFrame([{"model": m, "VL: format-sensitive (strict) mean change": -2.14,
+                             "format hurt more than knowledge": True, "S fell under VL": False} for m in TWO_MODELS])
+    b = pairs.by_model_table(verdict)
+    assert list(b.frame.columns) == list(TWO_MODELS) and b.width_px() <= plots.COLUMN_PX
+    assert b.frame.loc["VL: format-sensitive (strict) mean change", "gemma3-270m"] == "-2.1"
+    assert b.frame.loc["S fell under VL", "smollm2-135m"] == "no"

@@ -345,3 +345,65 @@ def test_scatter_panel_draws_labelled_axes():
     assert "rho" in axes[0].get_title() and "n = 1" in axes[1].get_title()
     with pytest.raises(PanelError, match="nothing to plot"):
         P.scatter_panel(P.validate_panel(make_panel(S=[None] * 6)))
+
+
+# --------------------------------------------------------------------------- display tables (chapter 5)
+
+
+def _measured_two_models() -> pd.DataFrame:
+    from sinklib.pairs import panel_row
+
+    changes = {"instructions strict": -4.17, "instructions lenient": -4.2, "math strict": -26.7,
+               "math lenient": -33.3, "knowledge acc": 5.0, "perplexity ppl": 26.8}
+    return P.validate_panel(pd.DataFrame([panel_row("smollm2-135m", 0.725, "none", changes),
+                                          panel_row("gemma3-270m", 0.001, "per_head", changes)]))
+
+
+def test_panel_tables_fit_the_column_and_move_text_out():
+    from sinklib import plots
+
+    for df in (_measured_two_models(), P.read_panel(None), P.validate_panel(make_panel())):
+        tables = P.panel_tables(df)
+        assert all(t.width_px() <= plots.COLUMN_PX for t in tables), [t.width_px() for t in tables]
+        shown = [c for t in tables for c in t.frame.columns]
+        assert [c for c in shown if c not in ("QK-norm", "S", "vlm", "llm", "note", "source")] == \
+            [P.task_label(t) for t in P.task_columns(df)]
+    tables = P.panel_tables(_measured_two_models())
+    assert "measured: notebook 04" in tables[-1].legend  # one shared source: a legend line, not a column
+    assert tables[0].frame.iloc[0]["instr. strict"] == "-4.2"
+    assert P.task_label("delta_perplexity_ppl") == "ppl" and P.task_label("delta_gsm8k_cot") == "gsm8k cot"
+
+
+def test_availability_and_summary_tables_fit():
+    from sinklib import plots
+
+    av = P.availability_table(P.availability(_measured_two_models()))
+    assert av.width_px() <= plots.COLUMN_PX and "n with S" in av.frame.columns
+    summary = P.panel_summary(P.validate_panel(make_panel()), n_boot=99, n_perm=99)
+    out = P.summary_tables(summary)
+    assert [title for title, _ in out][0].startswith("Spearman")
+    for _, tables in out:
+        assert all(t.width_px() <= plots.COLUMN_PX for t in tables)
+    arch = [c for t in out[2][1] for c in t.frame.columns]
+    assert "partial rho" in arch and "min p" in arch
+
+
+def test_figure_text_reads_at_body_size():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinklib import plots
+
+    plots.set_theme()
+    df = P.validate_panel(make_panel(delta_ppl=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    fig = P.scatter_panel(df)
+    assert plots.rendered_font_px(fig) >= 15.5
+    assert any(a.get_ylabel() == "change in perplexity" for a in fig.axes if a.get_visible())
+    fig2, axes = plots.subplots(1, 2, height=5.5)
+    for ax in axes:
+        plots.head_map(ax, np.random.default_rng(0).random((30, 9)), "smollm2-135m", "change of mean sink probability")
+    fig2.tight_layout()
+    assert plots.rendered_font_px(fig2) >= 15.5
+    plt.close("all")
