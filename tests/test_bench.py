@@ -286,3 +286,17 @@ def test_methods_and_cost_of_s_run_on_an_embedded_model(smollm2):
     s_fns["plain"]()
     s_fns["S"]()
     assert np.isfinite(out["S"])
+
+
+def test_committed_performance_page_matches_the_committed_results(tmp_path):
+    """The page's generated table is what `python -m sinklib.bench report` makes of data/results (fresh)."""
+    from sinklib.resources import checkout_root
+
+    root = checkout_root()
+    if root is None or not (root / "data" / "results" / "bench_cpu.json").exists():
+        pytest.skip("no committed benchmark results")
+    bench.write_report(str(root / "data" / "results" / "bench_cpu.json"),
+                       str(root / "data" / "results" / "bench_gpu.json"), tmp_path)
+    for name in ("performance_table.md", "performance_gpu.md"):
+        assert (tmp_path / "_generated" / name).read_text() == (root / "book" / "_generated" / name).read_text(), \
+            f"book/_generated/{name} is stale: run `python -m sinklib.bench report`"
