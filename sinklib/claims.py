@@ -145,6 +145,48 @@ def direction(e: Est, sign: int) -> str:
     return INCONCLUSIVE
 
 
+def compare_words(e: Est, worse: str = "lower", better: str = "higher") -> str:
+    """An interval of a difference in words: which way it goes and whether it is outside the noise."""
+    if e.hi < 0:
+        return f"{worse} (interval excludes zero)"
+    if e.lo > 0:
+        return f"{better} (interval excludes zero)"
+    return "within noise (interval contains zero)"
+
+
+def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
+    """Chapter 4's elements of the paper's pattern for one model, each with its interval and in words.
+
+    doc: chapter 4's results (``{"results": {"scores": [...]}}``; the notebook passes its own tables).
+    Changes are VL (or control) minus base in points; the strict-format mean is instructions strict and
+    math strict; differences of differences use MOVER intervals (conservative: items are shared)."""
+    f = {c: diff(strict(doc, model, c), strict(doc, model, "base")) for c in ("vl", "text_only", "random")}
+    k = diff(score(doc, model, "vl", "knowledge acc"), score(doc, model, "base", "knowledge acc"))
+    return {"model": model,
+            "VL: strict-format change (pt)": est(f["vl"]),
+            "VL: knowledge change (pt)": est(k),
+            "strict format vs knowledge under VL": compare_words(diff(f["vl"], k), "format fell more", "format fell less"),
+            "text-only vs VL (strict format)": compare_words(diff(f["text_only"], f["vl"]), "text-only lost more",
+                                                             "text-only lost less"),
+            "random vs VL (strict format)": compare_words(diff(f["random"], f["vl"]), "random lost more",
+                                                          "random lost less")}
+
+
+def chapter4_summary(verdict) -> str:
+    """The paper's pattern, element by element, with the models for which it holds outside the noise
+    (`verdict`: rows of `chapter4_verdicts`, plus an "S under VL" column of "fell"/"rose")."""
+    def who(col, words):
+        ms = [r["model"] for _, r in verdict.iterrows() if str(r[col]).startswith(words)]
+        return ", ".join(ms) if ms else "no model"
+
+    parts = [f"format fell more than knowledge: {who('strict format vs knowledge under VL', 'format fell more (')}",
+             f"text-only lost less than VL: {who('text-only vs VL (strict format)', 'text-only lost less (')}",
+             f"random lost more than VL: {who('random vs VL (strict format)', 'random lost more (')}"]
+    if "S under VL" in verdict:
+        parts.append(f"S fell under VL (point values, no interval): {who('S under VL', 'fell')}")
+    return "; ".join(parts)
+
+
 def combine(verdicts) -> str:
     s = set(verdicts)
     if not s or s == {NOT_TESTABLE}:

@@ -261,3 +261,36 @@ def test_generated_table_shape(monkeypatch, tmp_path):
     for v, _ in claims.RULES:
         assert f"**{v}**:" in text
     assert claims.main(["--check", "--out", str(tmp_path / "absent.md")]) == 1
+
+
+def test_chapter4_verdicts_in_words():
+    from sinklib import claims as C
+
+    def rows(model, cond, instr, math, know):
+        return [{"model": model, "condition": cond, "suite": s, "metric": m, "score": v, "lo": v - 10, "hi": v + 10}
+                for s, m, v in (("instructions", "strict", instr), ("math", "strict", math), ("knowledge", "acc", know))]
+    scores = rows("m", "base", 40, 40, 70) + rows("m", "vl", 0, 0, 70) + rows("m", "text_only", 40, 40, 70) \
+        + rows("m", "random", 40, 38, 70)
+    out = C.chapter4_verdicts({"results": {"scores": scores}}, "m")
+    assert out["strict format vs knowledge under VL"] == "format fell more (interval excludes zero)"
+    assert out["text-only vs VL (strict format)"] == "text-only lost less (interval excludes zero)"
+    assert out["VL: strict-format change (pt)"].startswith("−40.0 [")
+    scores = rows("m", "base", 40, 40, 70) + rows("m", "vl", 38, 40, 71) + rows("m", "text_only", 40, 40, 70) \
+        + rows("m", "random", 40, 40, 70)
+    out = C.chapter4_verdicts({"results": {"scores": scores}}, "m")
+    assert out["strict format vs knowledge under VL"] == "within noise (interval contains zero)"
+
+
+def test_chapter4_summary_names_models_outside_noise():
+    import pandas as pd
+    from sinklib import claims as C
+
+    v = pd.DataFrame([{"model": "a", "strict format vs knowledge under VL": "format fell more (interval excludes zero)",
+                       "text-only vs VL (strict format)": "within noise (interval contains zero)",
+                       "random vs VL (strict format)": "random lost less (interval excludes zero)", "S under VL": "rose"},
+                      {"model": "b", "strict format vs knowledge under VL": "within noise (interval contains zero)",
+                       "text-only vs VL (strict format)": "text-only lost less (interval excludes zero)",
+                       "random vs VL (strict format)": "within noise (interval contains zero)", "S under VL": "fell"}])
+    s = C.chapter4_summary(v)
+    assert s == ("format fell more than knowledge: a; text-only lost less than VL: b; random lost more than VL: "
+                 "no model; S fell under VL (point values, no interval): b")
