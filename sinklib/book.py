@@ -71,7 +71,9 @@ def _git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        # what the runner itself writes (executed copies, results, generated pages) does not make the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!book/chapters", ":!data/results", ":!book/_generated"], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (sha or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
