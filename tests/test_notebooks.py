@@ -115,3 +115,16 @@ def test_unknown_profile_is_rejected():
 
     with pytest.raises(ParameterError, match="profile"):
         book.load_profile(NAMES[0], "fast")
+
+
+def test_exercises_page_lists_every_exercise_in_chapter_order():
+    """book/exercises.md names each chapter's exercises in the order the chapter has them."""
+    import re
+
+    page = (ROOT / "book" / "exercises.md").read_text()
+    for path in SOURCES:
+        nb = nbformat.read(path, as_version=4)
+        labels = [l for c in nb.cells if c.cell_type == "markdown"
+                  for l in re.findall(r"```\{exercise\}[^\n]*\n:label: ([\w-]+)", c.source)]
+        row = next(l for l in page.splitlines() if f"chapters/{path.stem}" in l)
+        assert re.findall(r"\{ref\}`([\w-]+)`", row) == labels, f"{path.stem}: exercises page order or list is wrong"
