@@ -9,49 +9,21 @@ not run gives a "not run yet" row. ``python -m sinklib.claims`` writes ``book/_g
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from . import book as _book
 from .errors import ResultsMissing
 from .reported import reported_values
 from .resources import checkout_root
+from .verdicts import (INCONCLUSIVE, INTERVALS, NOT_REPRODUCED, NOT_RUN, NOT_TESTABLE, REPRODUCED, RULES,  # noqa: F401
+                       VERDICTS, Est, combine, compare_words, diff, direction, est, mean, num, wilson_pct)
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE = "reproduced", "not reproduced", "inconclusive", "not testable here"
-NOT_RUN = "not run yet"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE)
 SINK_MARGIN = 5.0       # sink: mass on position 0 at least this many times the uniform-attention share
 COST_RATIO_MAX = 1.5    # S is cheap: probe time / plain forward time at most this (3x: not cheap)
 INJECT_TOP1_MIN = 0.9   # a fair injection starts as the same function: top-1 agreement with the original
-RULES = (
-    (REPRODUCED, "the 95 % interval of the tested quantity excludes zero in the paper's direction (or, where no "
-                 "interval is stored, the paper's ordering holds by the margin named in the row) in at least one "
-                 "model, and no model contradicts it"),
-    (NOT_REPRODUCED, "the interval excludes zero the other way, or a precondition of the test failed (named in "
-                     "the row: the VL model did not learn the visual task, i.e. its VQA interval is not above the "
-                     "majority-answer baseline; the VL change it should explain is within noise; the injected "
-                     "model does not start as the original; a fine-tune has no control)"),
-    (INCONCLUSIVE, "the interval contains zero, the sample is too small, no interval is stored, or models disagree"),
-    (NOT_TESTABLE, "needs models, benchmarks or panels this book cannot run offline (named in the row)"),
-    (NOT_RUN, "the chapter's results file is missing; run the chapter"),
-)
-INTERVALS = ("Scores carry Wilson 95 % intervals over their n items (computed from the score and n where a "
-             "chapter stores none). A difference of two scores, and the mean of the two strict-format suites "
-             "(instructions strict, math strict), combine the intervals by MOVER (Newcombe's method), treating "
-             "conditions as independent samples: conservative, as the items are shared (a paired interval needs "
-             "per-item results, which the chapters do not store). A difference inside such an interval is not "
-             "an effect.")
-
-
-class Est(NamedTuple):
-    """A point value with its 95 % interval."""
-    v: float
-    lo: float
-    hi: float
 
 
 @dataclass(frozen=True)
@@ -110,49 +82,6 @@ class Results:
 # ------------------------------------------------------------------------------------------------
 # numbers and verdicts
 
-def num(x: float, d: int = 1, sign: bool = True) -> str:
-    return format(x, f"{'+' if sign else ''}.{d}f").replace("-", "−")
-
-
-def est(e: Est, d: int = 1, unit: str = "") -> str:
-    return f"{num(e.v, d)}{unit} [{num(e.lo, d)}, {num(e.hi, d)}]"
-
-
-def wilson_pct(score: float, n: int) -> Est:
-    """A score in % of n items with its Wilson 95 % interval in %."""
-    from .evals.grading import wilson_interval
-
-    lo, hi = wilson_interval(int(round(score * n / 100)), int(n))
-    return Est(score, 100 * lo, 100 * hi)
-
-
-def diff(a: Est, b: Est) -> Est:
-    """a - b with its MOVER interval (independent samples)."""
-    d = a.v - b.v
-    return Est(d, d - math.hypot(a.v - a.lo, b.hi - b.v), d + math.hypot(a.hi - a.v, b.v - b.lo))
-
-
-def mean(*es: Est) -> Est:
-    """The mean of independent estimates with its MOVER interval."""
-    v = sum(e.v for e in es) / len(es)
-    return Est(v, v - math.hypot(*(e.v - e.lo for e in es)) / len(es), v + math.hypot(*(e.hi - e.v for e in es)) / len(es))
-
-
-def direction(e: Est, sign: int) -> str:
-    """REPRODUCED when the interval excludes zero on the side of `sign`, NOT_REPRODUCED on the other side."""
-    if e.lo > 0 or e.hi < 0:
-        return REPRODUCED if (e.lo > 0) == (sign > 0) else NOT_REPRODUCED
-    return INCONCLUSIVE
-
-
-def compare_words(e: Est, worse: str = "lower", better: str = "higher") -> str:
-    """An interval of a difference in words: which way it goes and whether it is outside the noise."""
-    if e.hi < 0:
-        return f"{worse} (interval excludes zero)"
-    if e.lo > 0:
-        return f"{better} (interval excludes zero)"
-    return "within noise (interval contains zero)"
-
 
 def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
     """Chapter 4's elements of the paper's pattern for one model, each with its interval and in words.
@@ -185,15 +114,6 @@ def chapter4_summary(verdict) -> str:
     if "S under VL" in verdict:
         parts.append(f"S fell under VL (point values, no interval): {who('S under VL', 'fell')}")
     return "; ".join(parts)
-
-
-def combine(verdicts) -> str:
-    s = set(verdicts)
-    if not s or s == {NOT_TESTABLE}:
-        return NOT_TESTABLE
-    if REPRODUCED in s:
-        return INCONCLUSIVE if NOT_REPRODUCED in s else REPRODUCED
-    return NOT_REPRODUCED if NOT_REPRODUCED in s else INCONCLUSIVE
 
 
 def per_model(results: dict[str, tuple[str, str, str]]) -> Row:
