@@ -1,0 +1,86 @@
+"""The pilot of chapter 7: one tiny LM per QK-norm variant; does a sink form (S after training against S
+at initialisation), and are the base scores inside 20-95 % on every suite?
+
+    python -m sinklib.tiny.pilot --steps 600 --threads 1 --out pilot.json
+
+Training and evaluation are cached by their parameters (a rerun only reads the cache).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from ..cache import cached_json
+from .evaluate import EVAL_DEFAULTS, evaluate, summary
+from .model import VARIANTS
+from .train import train_tiny
+
+#: the pilot's goal (issue 12): S clearly above its initial value; every suite's base score in this band (%)
+SCORE_BAND = (20.0, 95.0)
+
+
+def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = False, **train_kwargs) -> dict:
+    """Train (or load) one tiny LM of `variant` and evaluate it: a flat dict of the pilot's numbers."""
+    run = train_tiny(variant, progress=progress, **train_kwargs)
+    ev = {**EVAL_DEFAULTS, **dict(eval_kwargs or {})}
+
+    def compute() -> dict:
+        t0 = time.perf_counter()
+        res = evaluate(run.model, run.tokenizer, **ev)
+        out = {"summary": summary(res), "scores": {k: r.scores for k, r in res.items()},
+               "ci": {k: {m: list(v) for m, v in r.ci.items()} for k, r in res.items()},
+               "examples": [{k: p[k] for k in ("task", "prompt", "reference", "response", "strict", "lenient")}
+                            for p in res["format"].per_item[:10]] if "format" in res else [],
+               "seconds": round(time.perf_counter() - t0, 2)}
+        return out
+
+    evals = cached_json({"kind": "tiny_eval", "run": run.key, **ev}, compute, folder="tiny/evals")
+    s = evals["summary"]
+    in_band = [SCORE_BAND[0] <= s[m] <= SCORE_BAND[1] for m in ("strict", "lenient", "knowledge") if m in s]
+    return {"variant": variant, "key": run.key, "from_cache": run.from_cache,
+            "n_parameters": run.info.get("n_parameters"), "steps": run.params["steps"],
+            "train_seconds": run.log.get("seconds"), "threads": run.info.get("torch_threads"),
+            "final_loss": sum(run.log["loss"][-20:]) / max(1, len(run.log["loss"][-20:])) if run.log["loss"] else None,
+            "S_init": run.S_init, "S_final": run.S_final,
+            "S_curve": [(c["step"], round(c["S"], 3)) for c in run.log["checkpoints"]],
+            "sink_norm_ratio_final": [round(x, 2) for x in run.log["checkpoints"][-1]["sink_norm"]["ratio"]],
+            **s, "scores": evals["scores"], "examples": evals["examples"], "eval_seconds": evals["seconds"],
+            "all_in_band": all(in_band)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-bos", action="store_true")
+    ap.add_argument("--size", type=json.loads, default=None, help='JSON, e.g. \'{"d_model": 128}\'')
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    rows = []
+    for v in a.variants:
+        r = pilot(v, steps=a.steps, lr=a.lr, weight_decay=a.weight_decay, batch_size=a.batch_size, seed=a.seed,
+                  bos=not a.no_bos, size=a.size, progress=False)
+        rows.append(r)
+        print(json.dumps({k: r[k] for k in ("variant", "n_parameters", "steps", "train_seconds", "final_loss", "S_init",
+                                             "S_final", "strict", "lenient", "knowledge", "ppl", "all_in_band")}),
+              flush=True)
+        print("  per task:", {k: round(x, 1) for k, x in r["scores"]["format"].items() if ":" in k}, flush=True)
+        print("  S curve:", r["S_curve"], " sink/other norm (final, per layer):", r["sink_norm_ratio_final"], flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
