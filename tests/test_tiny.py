@@ -21,6 +21,12 @@ def test_corpus_is_deterministic_and_seeded():
     assert corpus.make_corpus(100, seed=3) == a[:100]  # a larger corpus extends a smaller one
     kinds = {"format" if d.startswith("Q: ") else "prose" for d in a}
     assert kinds == {"format", "prose"}
+    markers = {"answer_is": "Answer in the form", "upper": "in upper case:", "k_words": "Reply with exactly",
+               "quoted": "in double quotes", "key_value": "key: value line", "repeat": "Repeat these words:",
+               "story": " country ", "facts": None}
+    found = {k: sum(m in d for d in a) for k, m in markers.items() if m}
+    found["facts"] = sum(not d.startswith("Q: ") and " country " not in d for d in a)
+    assert all(v > 0 for v in found.values()), found  # five graded tasks, the copying drill, stories, fact lists
     assert all(d.startswith("Q: ") for d in corpus.make_corpus(50, 0, format_share=1.0))
     assert not any(d.startswith("Q: ") for d in corpus.make_corpus(50, 0, format_share=0.0))
     assert corpus.eval_items("format", 20, 1) == corpus.eval_items("format", 20, 1)
@@ -33,7 +39,7 @@ def train_docs():
 
 def test_heldout_items_never_in_training(train_docs):
     joined = "\n".join(train_docs)
-    fmt = corpus.eval_items("format", 200, seed=0)
+    fmt = corpus.eval_items("format", 100, seed=0)
     assert {it.task for it in fmt} == set(corpus.FORMAT_TASKS)
     assert all(corpus.split_of(it.key) == "eval" for it in fmt)
     assert len({it.key for it in fmt}) == len(fmt)
@@ -87,11 +93,12 @@ def _item(task, **info):
     ("upper", {"words": ["red", "fox"]}, "red fox", False, True),
     ("upper", {"words": ["red", "fox"]}, "Red Fox.", False, True),
     ("upper", {"words": ["red", "fox"]}, "FOX RED", False, False),
-    ("k_words", {"k": 3, "words": ["a", "cat", "red", "cup", "owl"]}, "cat red owl", True, True),
-    ("k_words", {"k": 3, "words": ["a", "cat", "red", "cup", "owl"]}, "cat red", False, True),
-    ("k_words", {"k": 3, "words": ["a", "cat", "red", "cup", "owl"]}, "cat, red, owl", False, True),
-    ("k_words", {"k": 3, "words": ["a", "cat", "red", "cup", "owl"]}, "cat cat red", False, True),
-    ("k_words", {"k": 3, "words": ["a", "cat", "red", "cup", "owl"]}, "cat red dog", False, False),
+    ("k_words", {"k": 3, "word": "owl"}, "owl owl owl", True, True),
+    ("k_words", {"k": 3, "word": "owl"}, "owl owl", False, True),
+    ("k_words", {"k": 3, "word": "owl"}, "owl, owl, owl", False, True),
+    ("k_words", {"k": 3, "word": "owl"}, "Owl owl owl", False, True),
+    ("k_words", {"k": 3, "word": "owl"}, "owl owl cat", False, False),
+    ("k_words", {"k": 3, "word": "owl"}, "", False, False),
     ("quoted", {"target": "cat", "options": ["red", "cat", "cup"]}, '"cat"', True, True),
     ("quoted", {"target": "cat", "options": ["red", "cat", "cup"]}, "cat", False, True),
     ("quoted", {"target": "cat", "options": ["red", "cat", "cup"]}, "'cat'", False, True),
@@ -120,6 +127,8 @@ def test_corpus_parameter_errors():
         corpus.make_corpus(0)
     with pytest.raises(ParameterError, match="'format_share'"):
         corpus.make_corpus(10, format_share=1.5)
+    with pytest.raises(ParameterError, match="distinct 'k_words' items"):
+        corpus.eval_items("k_words", 500)
     with pytest.raises(ParameterError, match="'kind'"):
         corpus.eval_items("poetry", 3)
 

@@ -210,3 +210,17 @@ def test_evaluate_runs_on_a_random_model(tmp_cache):
     assert res["knowledge"].n == 8 and 0 <= res["knowledge"].scores["acc"] <= 100
     assert res["perplexity"].scores["ppl"] > 1
     assert all(len(p["loglik"]) == 4 for p in res["knowledge"].per_item)
+
+
+def test_pilot_end_to_end_and_cached(tmp_cache):
+    from sinklib.tiny.pilot import pilot
+
+    kw = dict(TRAIN, steps=5, checkpoints=[0, 5],
+              eval_kwargs={"n_format": 5, "n_knowledge": 4, "n_prose": 2, "max_new_tokens": 3})
+    r = pilot("layerwise", **kw)
+    assert r["variant"] == "layerwise" and r["steps"] == 5 and not r["from_cache"]
+    assert [s for s, _ in r["S_curve"]] == [0, 5]
+    assert r["S_init"] == pytest.approx(r["S_curve"][0][1], abs=1e-3) and np.isfinite(r["S_final"])
+    assert {"strict", "lenient", "knowledge", "ppl", "all_in_band"} <= set(r)
+    again = pilot("layerwise", **kw)
+    assert again["from_cache"] and again["strict"] == r["strict"] and again["S_final"] == r["S_final"]

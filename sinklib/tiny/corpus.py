@@ -6,7 +6,7 @@ Three kinds of skill:
 - **prose**: short templated stories and descriptions of invented countries (perplexity);
 - **format**: five instruction-following tasks, each with a strict grader (the exact format) and a
   lenient one (the right content in any form): ``answer_is`` ("The answer is N."), ``upper``
-  (upper case), ``k_words`` (exactly K words), ``quoted`` (one word in double quotes),
+  (upper case), ``k_words`` (exactly K words: one word K times), ``quoted`` (one word in double quotes),
   ``key_value`` (a "key: value" line);
 - **knowledge**: three facts about each invented country (capital, national animal, main export),
   stated only in the training prose, asked in held-out multiple-choice questions whose phrasing
@@ -36,8 +36,10 @@ from ..cache import key_seed
 from ..errors import ParameterError
 from ..params import check_choice, check_float, check_int
 
+#: bump whenever the generated text changes: it is part of every tokenizer's and model's cache key
+CORPUS_VERSION = 3
 WORLD_SEED = 0
-N_COUNTRIES = 40
+N_COUNTRIES = 24
 SPLITS = ("train", "eval", "calibration")
 
 COLOURS = ("red", "blue", "green", "yellow", "black", "white", "brown", "pink", "grey", "orange")
@@ -47,7 +49,7 @@ THINGS = ("stone", "rope", "lamp", "cup", "book", "chair", "boat", "coin", "key"
 GOODS = ("salt", "wool", "tea", "glass", "copper", "silk", "wine", "paper", "iron", "honey", "cotton", "clay")
 NAMES = ("Mira", "Bo", "Tam", "Lio", "Ana", "Rin", "Sol", "Eda", "Kip", "Nia", "Oren", "Pell")
 CATEGORIES = {"colour": COLOURS, "animal": ANIMALS, "food": FOODS}
-NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
 FORMAT_TASKS = ("answer_is", "upper", "k_words", "quoted", "key_value")
 EVAL_KINDS = ("format", "knowledge", "prose", "calibration") + FORMAT_TASKS
 ATTRIBUTES = ("capital", "animal", "export")
@@ -203,29 +205,22 @@ class FormatItem:
 
 
 def _answer_is(rng: random.Random) -> FormatItem:
-    a, b = rng.sample(NAMES, 2)
-    x, y = rng.sample(range(2, 100), 2)
-    thing = rng.choice(THINGS)
-    who, n = rng.choice(((a, x), (b, y)))
+    a, n, thing = rng.choice(NAMES), rng.randint(2, 99), rng.choice(THINGS)
     things = plural(thing)
-    prompt = (f"{a} has {x} {things} and {b} has {y} {things}. How many {things} does {who} have? "
-              "Answer in the form 'The answer is N.'")
-    return FormatItem("answer_is", prompt, f"The answer is {n}.", f"answer_is|{a}|{b}|{x}|{y}|{thing}|{who}",
-                      {"number": n})
+    prompt = f"{a} has {n} {things}. How many {things} does {a} have? Answer in the form 'The answer is N.'"
+    return FormatItem("answer_is", prompt, f"The answer is {n}.", f"answer_is|{a}|{n}|{thing}", {"number": n})
 
 
 def _upper(rng: random.Random) -> FormatItem:
-    words = rng.sample(COLOURS + ANIMALS + THINGS, rng.randint(2, 3))
+    words = rng.sample(COLOURS + ANIMALS + THINGS, 2)
     prompt = f"Write these words in upper case: {' '.join(words)}"
     return FormatItem("upper", prompt, " ".join(words).upper(), "upper|" + "|".join(words), {"words": words})
 
 
 def _k_words(rng: random.Random) -> FormatItem:
-    k = rng.randint(2, 4)
-    words = rng.sample(COLOURS + ANIMALS + FOODS + THINGS, 5)
-    prompt = f"Reply with exactly {NUMBER_WORDS[k]} words from this list: {', '.join(words)}."
-    return FormatItem("k_words", prompt, " ".join(words[:k]), f"k_words|{k}|" + "|".join(words),
-                      {"k": k, "words": words})
+    k, word = rng.randint(2, 5), rng.choice(COLOURS + ANIMALS + FOODS + THINGS + GOODS)
+    prompt = f"Reply with exactly {NUMBER_WORDS[k]} words, each of them the word {word}."
+    return FormatItem("k_words", prompt, " ".join([word] * k), f"k_words|{k}|{word}", {"k": k, "word": word})
 
 
 def _quoted(rng: random.Random) -> FormatItem:
@@ -287,10 +282,9 @@ def grade(item: FormatItem, response: str) -> dict:
         strict = r == " ".join(info["words"]).upper()
         lenient = _words(r) == list(info["words"])
     elif t == "k_words":
-        toks = r.split(" ")
-        strict = (len(toks) == info["k"] and len(set(toks)) == len(toks) and all(w in info["words"] for w in toks))
+        strict = r == " ".join([info["word"]] * info["k"])
         ws = _words(r)
-        lenient = bool(ws) and all(w in info["words"] for w in ws)
+        lenient = bool(ws) and all(w == info["word"] for w in ws)
     elif t == "quoted":
         strict = r == f'"{info["target"]}"'
         ws = set(_words(r))
@@ -341,18 +335,46 @@ def check_corpus_params(n_docs, seed, format_share) -> tuple[int, int, float]:
             check_float("format_share", format_share, 0.0, 1.0))
 
 
+def _repeat_drill(rng: random.Random) -> str:
+    """A training-only copying drill: ``Q: Repeat these words: w1 .. wk\nA: w1 .. wk`` (k = 3..6).
+
+    Copying from the prompt is what every format task's content needs; a tiny LM trained on a few
+    million tokens learns it only when the corpus asks for it often (the graded tasks alone hold
+    one or two copied tokens per document)."""
+    words = " ".join(rng.choice(COLOURS + ANIMALS + FOODS + THINGS) for _ in range(rng.randint(3, 6)))
+    return f"Q: Repeat these words: {words}\nA: {words}"
+
+
+def _fact_list(rng: random.Random) -> str:
+    """2-4 fact statements about random countries (the short form of the prose's facts)."""
+    out = []
+    for _ in range(rng.randint(2, 4)):
+        c, attr = rng.choice(world()), rng.choice(ATTRIBUTES)
+        out.append(rng.choice(FACT_TEMPLATES[attr]).format(E=c.name, V=c.value(attr)))
+    return " ".join(out)
+
+
+#: kinds of training document and their shares within format documents / within prose documents
+TRAIN_FORMAT_KINDS = FORMAT_TASKS + ("repeat",)
+FACT_LIST_SHARE = 0.5
+
+
 def make_corpus(n_docs: int, seed: int = 0, format_share: float = 0.5) -> list[str]:
     """``n_docs`` training documents (strings), deterministic in (n_docs, seed, format_share).
 
-    Each document is prose (probability 1 - format_share) or one format task (the five tasks in
-    equal shares). The first k documents of a larger corpus are the same as those of a smaller one.
+    With probability format_share a document is one format task or a repeat drill (six kinds in equal
+    shares), else prose: a story about a country (half) or a list of 2-4 facts (half). Facts are
+    stated only in prose. The first k documents of a larger corpus are those of a smaller one.
     """
     n_docs, seed, format_share = check_corpus_params(n_docs, seed, format_share)
     rng = _rng(seed, "train")
     out = []
     for _ in range(n_docs):
         if rng.random() < format_share:
-            out.append(_format_in(rng, rng.choice(FORMAT_TASKS), "train").document())
+            kind = rng.choice(TRAIN_FORMAT_KINDS)
+            out.append(_repeat_drill(rng) if kind == "repeat" else _format_in(rng, kind, "train").document())
+        elif rng.random() < FACT_LIST_SHARE:
+            out.append(_fact_list(rng))
         else:
             out.append(_prose_in(rng, "train"))
     return out
@@ -388,12 +410,18 @@ def eval_items(kind: str, n: int, seed: int = 0) -> list:
         return out
     tasks = FORMAT_TASKS if kind == "format" else (kind,)
     rng = _rng(seed, f"eval:{kind}")
-    items, keys = [], set()
+    items, keys, misses = [], set(), 0
     while len(items) < n:
-        it = _format_in(rng, tasks[len(items) % len(tasks)], "eval")
-        if it.key not in keys:
-            keys.add(it.key)
-            items.append(it)
+        task = tasks[len(items) % len(tasks)]
+        it = _format_in(rng, task, "eval")
+        if it.key in keys:
+            misses += 1
+            if misses > 20_000:  # the held-out share of this task's content space is used up
+                raise ParameterError(f"parameter 'n' got {n}; the held-out split has only {sum(i.task == task for i in items)} "
+                                     f"distinct {task!r} items: ask for fewer ({len(items)} were found)")
+            continue
+        keys.add(it.key)
+        items.append(it)
     return items
 
 

@@ -1,7 +1,7 @@
 """The pilot of chapter 7: one tiny LM per QK-norm variant; does a sink form (S after training against S
 at initialisation), and are the base scores inside 20-95 % on every suite?
 
-    python -m sinklib.tiny.pilot --steps 600 --threads 1 --out pilot.json
+    python -m sinklib.tiny.pilot --threads 1 --out pilot.json      # TRAIN_DEFAULTS: 600 steps, lr 1e-2
 
 Training and evaluation are cached by their parameters (a rerun only reads the cache).
 """
@@ -15,9 +15,10 @@ import time
 import torch
 
 from ..cache import cached_json
+from .corpus import CORPUS_VERSION
 from .evaluate import EVAL_DEFAULTS, evaluate, summary
 from .model import VARIANTS
-from .train import train_tiny
+from .train import TRAIN_DEFAULTS, train_tiny
 
 #: the pilot's goal (issue 12): S clearly above its initial value; every suite's base score in this band (%)
 SCORE_BAND = (20.0, 95.0)
@@ -38,7 +39,7 @@ def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = Fal
                "seconds": round(time.perf_counter() - t0, 2)}
         return out
 
-    evals = cached_json({"kind": "tiny_eval", "run": run.key, **ev}, compute, folder="tiny/evals")
+    evals = cached_json({"kind": "tiny_eval", "run": run.key, "corpus_version": CORPUS_VERSION, **ev}, compute, folder="tiny/evals")
     s = evals["summary"]
     in_band = [SCORE_BAND[0] <= s[m] <= SCORE_BAND[1] for m in ("strict", "lenient", "knowledge") if m in s]
     return {"variant": variant, "key": run.key, "from_cache": run.from_cache,
@@ -55,10 +56,10 @@ def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = Fal
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"])
+    ap.add_argument("--lr", type=float, default=TRAIN_DEFAULTS["lr"])
+    ap.add_argument("--weight-decay", type=float, default=TRAIN_DEFAULTS["weight_decay"])
+    ap.add_argument("--batch-size", type=int, default=TRAIN_DEFAULTS["batch_size"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-bos", action="store_true")
     ap.add_argument("--size", type=json.loads, default=None, help='JSON, e.g. \'{"d_model": 128}\'')

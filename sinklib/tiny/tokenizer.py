@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..cache import key, root
 from ..params import check_bool, check_int
-from .corpus import check_corpus_params, make_corpus
+from .corpus import CORPUS_VERSION, check_corpus_params, make_corpus
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -28,8 +28,9 @@ def tokenizer_params(vocab_size: int = TOKENIZER_DEFAULTS["vocab_size"], n_docs:
                      format_share: float = TOKENIZER_DEFAULTS["format_share"]) -> dict:
     """The checked parameters of a tokenizer (what its cache key is made of)."""
     n_docs, seed, format_share = check_corpus_params(n_docs, seed, format_share)
-    return {"kind": "tiny_tokenizer", "version": _VERSION, "vocab_size": check_int("vocab_size", vocab_size, 300, 65536),
-            "n_docs": n_docs, "seed": seed, "format_share": format_share}
+    return {"kind": "tiny_tokenizer", "version": _VERSION, "corpus_version": CORPUS_VERSION,
+            "vocab_size": check_int("vocab_size", vocab_size, 300, 65536), "n_docs": n_docs, "seed": seed,
+            "format_share": format_share}
 
 
 def train_bpe(docs: list[str], vocab_size: int):

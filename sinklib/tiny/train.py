@@ -10,7 +10,7 @@ with sink measurements along the way, cached by its parameters.
 At each step of `checkpoints` (0 = before training) the log records, on the calibration prompts
 (`corpus.calibration_prompts`, never trained on): S (``sinklib.sink.sink_strength``, the sink = the
 first token, K clamped to the depth), the sink mass map [L, H], and the hidden-state norm of the
-sink token against the median of the other tokens, per layer output [L + 1].
+sink token against the median of the other tokens, per layer [L + 1] (see `sink_norms`).
 
 A run is stored as ``cache_dir()/tiny/models/<key>/`` (model.safetensors + meta.json with the
 parameters and the log) by ``sinklib.cache.save_checkpoint``; the same parameters load it back.
@@ -32,12 +32,13 @@ from ..cache import checkpoint_exists, key, key_seed, load_checkpoint, root, sav
 from ..errors import ParameterError, SinkbookError
 from ..params import check_bool, check_choice, check_float, check_int, check_list
 from ..sink import sink_strength
-from .corpus import calibration_prompts, make_corpus
-from .model import VARIANTS, SizeConfig, build, is_qk_norm_gain, n_parameters, size_config
+from .corpus import CORPUS_VERSION, calibration_prompts, make_corpus
+from .model import VARIANTS, SizeConfig, build, n_parameters, size_config
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_DEFAULTS, get_tokenizer, tokenizer_params
 
 _VERSION = 1
-TRAIN_DEFAULTS = {"steps": 600, "batch_size": 16, "seq_len": 128, "lr": 3e-3, "weight_decay": 0.1,
+#: the pilot's recipe (python -m sinklib.tiny.pilot): 600 steps of 16 x 128 tokens
+TRAIN_DEFAULTS = {"steps": 600, "batch_size": 16, "seq_len": 128, "lr": 1e-2, "weight_decay": 0.1,
                   "warmup_frac": 0.05, "schedule": "cosine", "max_grad_norm": 1.0, "bos": True,
                   "n_docs": 40_000, "format_share": 0.5}
 SINK_DEFAULTS = {"n_prompts": 16, "last_k_layers": 10, "query_start": 1, "max_tokens": 128}
@@ -76,7 +77,7 @@ def train_params(variant: str, *, size: SizeConfig | dict | None = None, seed: i
     ck = default_checkpoints(steps) if checkpoints is None else sorted(set(
         check_list("checkpoints", list(checkpoints), lambda n, v: check_int(n, v, 0, steps), min_len=0)))
     return {
-        "kind": "tiny_lm", "version": _VERSION, "variant": variant, "size": size.as_dict(),
+        "kind": "tiny_lm", "version": _VERSION, "corpus_version": CORPUS_VERSION, "variant": variant, "size": size.as_dict(),
         "seed": check_int("seed", seed, 0), "steps": steps, "batch_size": check_int("batch_size", batch_size, 1, 4096),
         "seq_len": seq_len, "lr": check_float("lr", lr, 0.0, 1.0),
         "weight_decay": check_float("weight_decay", weight_decay, 0.0, 10.0),
@@ -134,8 +135,9 @@ def batch_indices(i: int, n_rows: int, batch_size: int, seed: int) -> torch.Tens
 
 @torch.no_grad()
 def sink_norms(model, tokenizer, prompts: Sequence[str], max_tokens: int = 128) -> dict:
-    """Hidden-state norm of the sink (first) token and the median norm of the other tokens, per layer
-    output (index 0 = embeddings, l = after layer l), averaged over prompts: {'sink', 'other', 'ratio'} [L + 1]."""
+    """Hidden-state norm of the sink (first) token and the median norm of the other tokens, averaged over
+    prompts: {'sink', 'other', 'ratio'}, each [L + 1] in transformers' `hidden_states` order: index 0 =
+    embeddings, l = residual stream after layer l for l < L, L = the final (RMS-normed) output."""
     seqs = [tokenizer(p)["input_ids"][:max_tokens] for p in prompts]
     ids, att = pad_batch(seqs, PAD_ID, "right")
     hs = model(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states  # L+1 x [B, T, D]
@@ -153,7 +155,8 @@ def measure(model, tokenizer, sink_params: dict) -> dict:
     was = model.training
     model.eval()
     try:
-        res = sink_strength(model, prompts, tokenizer=tokenizer, last_k_layers=clamp_last_k(sink_params["last_k_layers"], model),
+        res = sink_strength(model, prompts, tokenizer=tokenizer,
+                            last_k_layers=clamp_last_k(sink_params["last_k_layers"], model),
                             query_start=sink_params["query_start"], max_tokens=sink_params["max_tokens"],
                             all_layers=True, batch_size=16)
         norms = sink_norms(model, tokenizer, prompts, sink_params["max_tokens"])
@@ -193,8 +196,9 @@ def run_dir(params: dict) -> Path:
 
 
 def _param_groups(model, lr: float, weight_decay: float) -> list[dict]:
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    keep = [p for n, p in model.named_parameters() if p.ndim < 2 or is_qk_norm_gain(n)]
+    """Weight decay on matrices and embeddings; none on the norm gains (QK-norm gains included)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    keep = [p for p in model.parameters() if p.ndim < 2]
     return [{"params": decay, "lr": lr, "weight_decay": weight_decay}, {"params": keep, "lr": lr, "weight_decay": 0.0}]
 
 
@@ -202,7 +206,7 @@ def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, *
     """Train (or load from the cache) one tiny LM; keyword arguments as in `train_params`."""
     params = train_params(variant, **kwargs)
     tok = get_tokenizer(add_bos=params["bos"], **{k: v for k, v in params["tokenizer"].items()
-                                                  if k not in ("kind", "version")})
+                                                  if k not in ("kind", "version", "corpus_version")})
     size = size_config(**params["size"])
     model = build(variant, size, params["seed"])
     path = run_dir(params)
@@ -250,8 +254,10 @@ def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, *
         model.eval()
     log["seconds"] = round(seconds, 2)
     log["seconds_measuring"] = round(t_measure, 2)
-    info = {"n_parameters": n_parameters(model), "n_rows": len(rows), "tokens_seen": params["steps"] * params["batch_size"] * params["seq_len"],
-            "epochs": round(params["steps"] * params["batch_size"] / len(rows), 3), "torch_threads": torch.get_num_threads()}
+    info = {"n_parameters": n_parameters(model), "n_rows": len(rows),
+            "tokens_seen": params["steps"] * params["batch_size"] * params["seq_len"],
+            "epochs": round(params["steps"] * params["batch_size"] / len(rows), 3),
+            "torch_threads": torch.get_num_threads()}
     save_checkpoint(path, model, meta={"params": params, "log": log, "info": info})
     return TinyRun(model, tok, params, log, key(params), path, False, info)
 
