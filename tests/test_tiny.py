@@ -3,12 +3,11 @@ QK-norm variants (same modules, probe = eager, labels), training (loss falls, de
 import re
 
 import pytest
-import torch
 
-from sinklib import sink
 from sinklib.errors import ParameterError
 from sinklib.tiny import corpus
-from sinklib.tiny.corpus import FormatItem, grade
+from sinklib.tiny.corpus import FormatItem
+from sinklib.tiny.grading import grade
 
 # ---------------------------------------------------------------------------------------
 # corpus

@@ -3,7 +3,7 @@ attention variants that differ only in QK normalisation (none / per-head / layer
 
 - `corpus`: the deterministic corpus (prose about invented countries, five format-sensitive tasks
   with strict and lenient graders, knowledge facts), held-out items disjoint from training by
-  construction, calibration prompts for S.
+  construction, calibration prompts for S; `grading`: the strict and lenient graders.
 - `tokenizer`: a byte-level BPE trained on the corpus (`tokenizers`), wrapped for transformers, cached.
 - `model`: the three variants as transformers architectures (Llama, Qwen3, and a Qwen3 subclass with
   OLMo-2's layerwise QK-norm), initialised by parameter name so that they share their weights.
@@ -14,8 +14,9 @@ attention variants that differ only in QK normalisation (none / per-head / layer
 """
 from __future__ import annotations
 
-from .corpus import (FORMAT_TASKS, FormatItem, KnowledgeItem, calibration_prompts, eval_items, grade, make_corpus,
-                     split_of, world)
+from .corpus import (FORMAT_TASKS, FormatItem, KnowledgeItem, calibration_prompts, eval_items, make_corpus, split_of,
+                     world)
+from .grading import grade
 from .evaluate import TINY_SUITES, evaluate, format_suite, knowledge_suite, perplexity_suite, summary
 from .model import VARIANTS, SizeConfig, build, n_parameters, qk_norm_of, size_config
 from .tokenizer import get_tokenizer

@@ -5,7 +5,7 @@ Three kinds of skill:
 
 - **prose**: short templated stories and descriptions of invented countries (perplexity);
 - **format**: five instruction-following tasks, each with a strict grader (the exact format) and a
-  lenient one (the right content in any form): ``answer_is`` ("The answer is N."), ``upper``
+  lenient one (the right content in any form; `sinklib.tiny.grading`): ``answer_is`` ("The answer is N."), ``upper``
   (upper case), ``k_words`` (exactly K words: one word K times), ``quoted`` (one word in double quotes),
   ``key_value`` (a "key: value" line);
 - **knowledge**: three facts about each invented country (capital, national animal, main export),
@@ -26,7 +26,6 @@ same facts, so all models of a panel are evaluated on the same items (paired com
 from __future__ import annotations
 
 import random
-import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -252,50 +251,6 @@ def _format_in(rng: random.Random, task: str, split: str) -> FormatItem:
         it = _MAKERS[task](rng)
         if split_of(it.key) == split:
             return it
-
-
-# ---------------------------------------------------------------------------------------
-# graders
-
-_WORD = re.compile(r"[A-Za-z]+")
-_INT = re.compile(r"-?\d+")
-
-
-def _words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
-
-
-def grade(item: FormatItem, response: str) -> dict:
-    """{'strict': bool, 'lenient': bool} for one response (leading/trailing whitespace ignored).
-
-    strict: exactly the requested format with the right content. lenient: the right content in any
-    form. A strict pass is always a lenient pass.
-    """
-    r = response.strip()
-    t, info = item.task, item.info
-    if t == "answer_is":
-        m = re.fullmatch(r"The answer is (\d+)\.", r)
-        strict = bool(m) and int(m.group(1)) == info["number"]
-        nums = _INT.findall(r)
-        lenient = bool(nums) and int(nums[-1]) == info["number"]
-    elif t == "upper":
-        strict = r == " ".join(info["words"]).upper()
-        lenient = _words(r) == list(info["words"])
-    elif t == "k_words":
-        strict = r == " ".join([info["word"]] * info["k"])
-        ws = _words(r)
-        lenient = bool(ws) and all(w == info["word"] for w in ws)
-    elif t == "quoted":
-        strict = r == f'"{info["target"]}"'
-        ws = set(_words(r))
-        lenient = info["target"] in ws and not ws & (set(info["options"]) - {info["target"]})
-    elif t == "key_value":
-        strict = r == f"{info['key']}: {info['value']}"
-        ws = set(_words(r))
-        lenient = info["value"].lower() in ws and not ws & {o.lower() for o in info["others"]}
-    else:  # pragma: no cover (items are built here)
-        raise ParameterError(f"unknown format task {t!r}")
-    return {"strict": bool(strict), "lenient": bool(lenient or strict)}
 
 
 # ---------------------------------------------------------------------------------------

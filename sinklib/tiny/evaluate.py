@@ -20,7 +20,8 @@ from ..evals import SuiteResult
 from ..evals import lm as evlm
 from ..evals.grading import bootstrap_ppl_interval, bootstrap_ratio_interval, proportion_ci_pct
 from ..params import check_choice, check_int
-from .corpus import FORMAT_TASKS, N_COUNTRIES, eval_items, grade
+from .corpus import FORMAT_TASKS, N_COUNTRIES, eval_items
+from .grading import grade
 
 TINY_SUITES = ("format", "knowledge", "perplexity")
 EVAL_DEFAULTS = {"n_format": 100, "n_knowledge": 3 * N_COUNTRIES, "n_prose": 40, "seed": 0, "batch_size": 32,
