@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import book as _book
+from . import evals
 from .errors import ResultsMissing
 from .reported import reported_values
 from .resources import checkout_root
@@ -405,7 +406,7 @@ def _inject(res):
 def _merges(res: Results, test: Callable[[dict[str, Est]], tuple[str, str, str]]) -> Row:
     """Per model of chapter 6: (merge - VL) strict-format differences with Wilson intervals from chapter 6's n."""
     doc = res(CH6)
-    n, rows = doc["parameters"]["eval_n"], doc["results"]["merges"]
+    n, rows = evals.counts(doc["parameters"]), doc["results"]["merges"]  # the saved flat eval_* parameters
     out = {}
     for m in dict.fromkeys(r["model"] for r in rows):
         conds = {r["condition"]: mean(*(wilson_pct(r[k], n[k.split()[0]]) for k in _strict()))

@@ -107,8 +107,9 @@ class Loaded:
 
 
 def cache_dir() -> Path:
-    """The cache folder: $SINKBOOK_CACHE, else ~/.cache/sinkbook. Created on demand."""
-    p = Path(os.environ.get("SINKBOOK_CACHE", Path.home() / ".cache" / "sinkbook")).expanduser()
+    """The cache folder: $SINKBOOK_CACHE (when set and not empty), else ~/.cache/sinkbook. Created on demand."""
+    env = os.environ.get("SINKBOOK_CACHE", "").strip()  # an empty value must not mean "the working directory"
+    p = Path(env or Path.home() / ".cache" / "sinkbook").expanduser()
     p.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -84,3 +84,17 @@ def test_cached_json_round_trip(tmp_path, monkeypatch):
     assert cache.cached_json({"a": 1}, compute, folder="t") == {"x": 1.5}
     assert cache.cached_json({"a": 1}, compute, folder="t") == {"x": 1.5} and len(calls) == 1
     assert (tmp_path / "t" / f"{cache.key({'a': 1})}.json").exists()
+
+
+def test_empty_cache_variable_means_the_default(monkeypatch, tmp_path):
+    """SINKBOOK_CACHE="" (an unset-looking variable) must not turn the working directory into the cache."""
+    from pathlib import Path
+
+    from sinklib.models import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SINKBOOK_CACHE", "")
+    assert cache_dir() == tmp_path / ".cache" / "sinkbook"
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path / "c"))
+    assert cache_dir() == Path(tmp_path / "c")

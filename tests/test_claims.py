@@ -144,7 +144,7 @@ def ch6(top1=0.99, after=(10, 10), control=(50, 50), n=1000, merges=(20, 20), ba
     rows = [{"model": A, "condition": c, "VQA (%)": q, "instructions strict": s[0], "math strict": s[1]}
             for c, s, q in [("base", base, None), ("vl", vl, vqa)] + [(f"merge:{k}", merges, vqa) for k in "abcdefg"]]
     return _doc({"injection": inj, "injection_init_error": {"top1_agreement": top1}, "merges": rows},
-                {"eval_n": {"instructions": n, "math": n}, "vqa_n": 200}, models=(A,))
+                {"eval_instructions": n, "eval_math": n, "eval_knowledge": n, "eval_perplexity": n, "vqa_n": 200}, models=(A,))
 
 
 def _ch4_for_ch6(vqa=70.0):
