@@ -1,0 +1,50 @@
+"""The course guide: sessions cover every chapter once, every exercise is assigned once, the times are fresh."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sinklib import book, course
+from sinklib.errors import ParameterError
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "book" / "course_guide.md"
+
+
+def test_every_chapter_in_exactly_one_session():
+    chapters = [c for cs in course.SESSIONS.values() for c in cs]
+    assert sorted(chapters) == sorted(n[:2] for n in book.notebook_names())
+    assert len(chapters) == len(set(chapters))
+    assert course.session_of("04_vl_adaptation") == list(course.SESSIONS)[1]
+    with pytest.raises(ParameterError, match="no session"):
+        course.session_of("99_missing")
+
+
+def test_guide_assigns_every_exercise_once():
+    listed = re.findall(r"\{ref\}`([\w-]+)`", (ROOT / "book" / "exercises.md").read_text())
+    guide = re.findall(r"\{ref\}`([\w-]+)`", GUIDE.read_text())
+    assert listed and sorted(guide) == sorted(listed)
+
+
+def test_markdown_sums_sessions():
+    first = {"01_a": 60.0, "02_b": 120.0, "03_c": 30.0, "04_d": 300.0, "05_e": 6.0, "06_f": 54.0}
+    doc = {"results": {"profile": "quick", "runs": {"first run": first, "rerun": {k: v / 2 for k, v in first.items()}}},
+           "provenance": {"device": "cpu (2 cores)", "utc": "now", "git_commit": "abc"}}
+    md = course.markdown(doc)
+    assert "**3.5 min**" in md and "**1.8 min**" in md  # session 1: 210 s first run, 105 s rerun
+    assert "**6.0 min**" in md and "**3.0 min**" in md  # session 2: 360 s, 180 s
+    assert md.count("{doc}`chapters/") == 6
+
+
+def test_generated_times_are_fresh():
+    """book/_generated/course_times.md is what `python -m sinklib.course report` makes of the saved times."""
+    path = ROOT / "data" / "results" / f"{course.RESULTS_NAME}.json"  # the committed file, whatever SINKBOOK_RESULTS says
+    assert path.exists(), "run `python -m sinklib.course time` (twice the quick profile's run time)"
+    doc = json.loads(path.read_text())
+    assert set(doc["results"]["runs"]["first run"]) == set(book.notebook_names()), \
+        "chapters changed since the times were measured: rerun `python -m sinklib.course time`"
+    assert (ROOT / "book" / "_generated" / "course_times.md").read_text() == course.markdown(doc), \
+        "run `python -m sinklib.course report`"
+    assert all(v > 0 for run in doc["results"]["runs"].values() for v in run.values())
+    json.dumps(doc)
