@@ -166,3 +166,24 @@ def test_tokenizer_round_trip_bos_and_cache(tmp_cache):
     assert [fresh(t)["input_ids"] for t in texts] == [tok(t)["input_ids"] for t in texts]
     with pytest.raises(ParameterError, match="'vocab_size'"):
         T.get_tokenizer(vocab_size=10)
+
+
+def test_chain_drill_follows_the_bigram_table_and_backcopies():
+    docs = corpus.make_corpus(400, seed=2, chain_share=0.5)
+    assert corpus.make_corpus(400, seed=2, chain_share=0.0) == corpus.make_corpus(400, seed=2)  # 0 = the old corpus
+    chains = [d for d in docs if d.startswith("Chain: ")]
+    assert 120 < len(chains) < 280
+    succ = corpus.chain_successors()
+    n_trig = 0
+    for d in chains:
+        w = d[len("Chain: "):].split()
+        assert 30 <= len(w) <= 61
+        for i in range(1, len(w)):
+            if w[i - 1] == corpus.CHAIN_TRIGGER:
+                assert w[i] == w[i - 2]  # back-copy: the word before the trigger
+                n_trig += 1
+            elif w[i] != corpus.CHAIN_TRIGGER:
+                assert w[i] in succ[w[i - 1]]
+    assert n_trig > 100
+    with pytest.raises(ParameterError, match="chain_share"):
+        corpus.make_corpus(10, 0, chain_share=1.5)

@@ -224,3 +224,28 @@ def test_pilot_end_to_end_and_cached(tmp_cache):
     assert {"strict", "lenient", "knowledge", "ppl", "all_in_band"} <= set(r)
     again = pilot("layerwise", **kw)
     assert again["from_cache"] and again["strict"] == r["strict"] and again["S_final"] == r["S_final"]
+
+
+def test_pack_docs_one_document_per_row_padding_unscored():
+    from sinklib.tiny.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from sinklib.tiny.train import doc_batch, pack_docs, train_params
+
+    rows = pack_docs([[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]], seq_len=5, bos=True)
+    assert rows.tolist() == [[BOS_ID, 5, 6, 7, EOS_ID], [BOS_ID, 8, 9, EOS_ID, PAD_ID], [BOS_ID, 10, 11, 12, 13]]
+    assert pack_docs([[5, 6]], seq_len=5, bos=False).tolist() == [[5, 6, EOS_ID, PAD_ID, PAD_ID]]
+    ids, labels = doc_batch(pack_docs([[5, 6], [8]], seq_len=8, bos=True))
+    assert ids.tolist() == [[BOS_ID, 5, 6, EOS_ID], [BOS_ID, 8, EOS_ID, PAD_ID]]  # cut to the longest row
+    assert labels.tolist() == [[BOS_ID, 5, 6, EOS_ID], [BOS_ID, 8, EOS_ID, -100]]
+    with pytest.raises(ParameterError, match="packing"):
+        train_params("none", packing="zip")
+    assert "packing" not in train_params("none")  # the default keeps the keys of earlier runs
+    assert train_params("none", packing="doc")["packing"] == "doc"
+
+
+def test_doc_packing_trains_and_scores_only_real_tokens(tmp_cache):
+    from sinklib.tiny.train import train_tiny
+
+    torch.set_num_threads(1)
+    run = train_tiny("none", **{**TRAIN, "steps": 12, "checkpoints": [0, 12], "packing": "doc"})
+    assert len(run.log["loss"]) == 12 and np.mean(run.log["loss"][-3:]) < np.mean(run.log["loss"][:3])
+    assert 0 < run.info["tokens_seen"] < 12 * TRAIN["batch_size"] * TRAIN["seq_len"]

@@ -309,23 +309,58 @@ def _fact_list(rng: random.Random) -> str:
     return " ".join(out)
 
 
+CHAIN_WORDS = COLOURS + ANIMALS + FOODS + THINGS
+CHAIN_TRIGGER = "again"
+
+
+@lru_cache(maxsize=1)
+def chain_successors() -> dict[str, tuple[str, str]]:
+    """The fixed bigram table of the chain drill: each word's likely (p = 0.75) and other successor."""
+    rng = random.Random(WORLD_SEED + 1)
+    return {w: tuple(rng.sample([x for x in CHAIN_WORDS if x != w], 2)) for w in CHAIN_WORDS}
+
+
+def _chain_drill(rng: random.Random) -> str:
+    """A training-only Bigram-Backcopy drill (Guo et al., active-dormant heads): ``Chain: w1 w2 ...``, 30-60
+    words; each word follows the previous one by the fixed bigram table (`chain_successors`), except after
+    the trigger word 'again', which is followed by the word before it (``cat again cat``). Attention is needed
+    only after a trigger; everywhere else the next word depends on the current word alone, so a head that
+    copies is useless most of the time (dormant): the situation in which heads park on the first token."""
+    succ = chain_successors()
+    out = [rng.choice(CHAIN_WORDS)]
+    n = rng.randint(30, 60)
+    while len(out) < n:
+        if out[-1] != CHAIN_TRIGGER and rng.random() < 0.12:
+            out += [CHAIN_TRIGGER, out[-1]]
+        else:
+            prev = out[-1] if out[-1] != CHAIN_TRIGGER else out[-2]
+            a, b = succ[prev]
+            out.append(a if rng.random() < 0.75 else b)
+    return "Chain: " + " ".join(out)
+
+
 #: kinds of training document and their shares within format documents / within prose documents
 TRAIN_FORMAT_KINDS = FORMAT_TASKS + ("repeat",)
 FACT_LIST_SHARE = 0.5
 
 
-def make_corpus(n_docs: int, seed: int = 0, format_share: float = 0.5) -> list[str]:
-    """``n_docs`` training documents (strings), deterministic in (n_docs, seed, format_share).
+def make_corpus(n_docs: int, seed: int = 0, format_share: float = 0.5, chain_share: float = 0.0) -> list[str]:
+    """``n_docs`` training documents (strings), deterministic in (n_docs, seed, format_share, chain_share).
 
-    With probability format_share a document is one format task or a repeat drill (six kinds in equal
+    With probability chain_share a document is a chain drill (`_chain_drill`; training only; 0 = none, and
+    then the corpus is exactly the one made before the option existed). Otherwise, with probability
+    format_share a document is one format task or a repeat drill (six kinds in equal
     shares), else prose: a story about a country (half) or a list of 2-4 facts (half). Facts are
     stated only in prose. The first k documents of a larger corpus are those of a smaller one.
     """
     n_docs, seed, format_share = check_corpus_params(n_docs, seed, format_share)
+    chain_share = check_float("chain_share", chain_share, 0.0, 1.0)
     rng = _rng(seed, "train")
     out = []
     for _ in range(n_docs):
-        if rng.random() < format_share:
+        if chain_share > 0 and rng.random() < chain_share:
+            out.append(_chain_drill(rng))
+        elif rng.random() < format_share:
             kind = rng.choice(TRAIN_FORMAT_KINDS)
             out.append(_repeat_drill(rng) if kind == "repeat" else _format_in(rng, kind, "train").document())
         elif rng.random() < FACT_LIST_SHARE:

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 
+import numpy as np
 import torch
 
 from ..cache import cached_json
@@ -22,6 +23,57 @@ from .train import TRAIN_DEFAULTS, train_tiny
 
 #: the pilot's goal (issue 12): S clearly above its initial value; every suite's base score in this band (%)
 SCORE_BAND = (20.0, 95.0)
+
+#: every configuration tried on the way to a sink (label, variant, train_tiny overrides of TRAIN_DEFAULTS), in
+#: the order tried; each is cached by its parameters, so a chapter reloads them instead of retraining.
+#: Their numbers (S at init and after, max first-token mass, scores) are in the chapter's pilot table.
+PILOT_TRIALS: list[tuple[str, str, dict]] = [
+    ("p0 600 steps, 16x128 concat", "none", {}),
+    ("p0 600 steps, 16x128 concat", "per_head", {}),
+    ("p0 600 steps, 16x128 concat", "layerwise", {}),
+    ("e1 1200 steps, 16x64", "none", {"seq_len": 64, "steps": 1200}),
+    ("e2 8 heads, wd 0.5", "none", {"size": {"n_heads": 8}, "weight_decay": 0.5}),
+    ("e3 one document per row", "none", {"packing": "doc", "batch_size": 32, "steps": 800}),
+    ("e4 d_model 64, 2000 steps", "none", {"size": {"d_model": 64, "ffn": 256}, "steps": 2000}),
+    ("e5 chain drills 30 %", "none", {"chain_share": 0.3}),
+    ("e6 chain drills 50 %", "none", {"chain_share": 0.5}),
+    ("e7 chain 30 %, 8 heads", "none", {"chain_share": 0.3, "size": {"n_heads": 8}}),
+    ("e8 chain 30 %, 8 heads, lr 2e-2", "none", {"chain_share": 0.3, "size": {"n_heads": 8}, "lr": 0.02}),
+    ("e9 chain 30 %, 8 heads, wd 1.0", "none", {"chain_share": 0.3, "size": {"n_heads": 8}, "weight_decay": 1.0}),
+]
+
+
+def max_mass(checkpoint: dict) -> float:
+    """The largest mean first-token attention of any head at one logged checkpoint."""
+    return round(float(np.max(checkpoint["mass"])), 4)
+
+
+def trial_table(trials=None, *, only_cached: bool = True, evaluate_too: bool = False):
+    """The pilot's configurations (`PILOT_TRIALS`) as a table: label, variant, steps, S at init and after,
+    max first-token mass of any head at init and after, training seconds (and base scores when
+    `evaluate_too`). With `only_cached` a configuration not in the cache is listed with NaNs, not trained."""
+    import pandas as pd
+
+    from ..cache import checkpoint_exists
+    from .train import run_dir, train_params
+
+    rows = []
+    for label, variant, kw in (PILOT_TRIALS if trials is None else trials):
+        row = {"trial": label, "variant": variant}
+        if only_cached and not checkpoint_exists(run_dir(train_params(variant, **kw))):
+            rows.append({**row, "cached": False})
+            continue
+        if evaluate_too:
+            r = pilot(variant, **kw)
+            row.update({k: r[k] for k in ("steps", "S_init", "S_final", "max_mass_init", "max_mass_final",
+                                          "train_seconds", "strict", "lenient", "knowledge", "ppl", "all_in_band")})
+        else:
+            run = train_tiny(variant, **kw)
+            row.update({"steps": run.params["steps"], "S_init": run.S_init, "S_final": run.S_final,
+                        "max_mass_init": max_mass(run.log["checkpoints"][0]),
+                        "max_mass_final": max_mass(run.log["checkpoints"][-1]), "train_seconds": run.log["seconds"]})
+        rows.append({**row, "cached": True})
+    return pd.DataFrame(rows)
 
 
 def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = False, **train_kwargs) -> dict:
@@ -49,6 +101,8 @@ def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = Fal
             "S_init": run.S_init, "S_final": run.S_final,
             "S_curve": [(c["step"], round(c["S"], 3)) for c in run.log["checkpoints"]],
             "sink_norm_ratio_final": [round(x, 2) for x in run.log["checkpoints"][-1]["sink_norm"]["ratio"]],
+            "max_mass_init": max_mass(run.log["checkpoints"][0]), "max_mass_final": max_mass(run.log["checkpoints"][-1]),
+            "layer_mass_final": [round(float(x), 3) for x in np.asarray(run.log["checkpoints"][-1]["mass"]).mean(1)],
             **s, "scores": evals["scores"], "examples": evals["examples"], "eval_seconds": evals["seconds"],
             "all_in_band": all(in_band)}
 
@@ -62,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=TRAIN_DEFAULTS["batch_size"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-bos", action="store_true")
+    ap.add_argument("--warmup-frac", type=float, default=TRAIN_DEFAULTS["warmup_frac"])
+    ap.add_argument("--seq-len", type=int, default=TRAIN_DEFAULTS["seq_len"])
+    ap.add_argument("--packing", default="concat", choices=("concat", "doc"))
+    ap.add_argument("--chain-share", type=float, default=0.0)
     ap.add_argument("--size", type=json.loads, default=None, help='JSON, e.g. \'{"d_model": 128}\'')
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
@@ -70,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for v in a.variants:
         r = pilot(v, steps=a.steps, lr=a.lr, weight_decay=a.weight_decay, batch_size=a.batch_size, seed=a.seed,
-                  bos=not a.no_bos, size=a.size, progress=False)
+                  bos=not a.no_bos, size=a.size, warmup_frac=a.warmup_frac, seq_len=a.seq_len, packing=a.packing,
+                  chain_share=a.chain_share, progress=False)
         rows.append(r)
         print(json.dumps({k: r[k] for k in ("variant", "n_parameters", "steps", "train_seconds", "final_loss", "S_init",
                                              "S_final", "strict", "lenient", "knowledge", "ppl", "all_in_band")}),

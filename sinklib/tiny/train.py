@@ -41,6 +41,7 @@ _VERSION = 1
 TRAIN_DEFAULTS = {"steps": 600, "batch_size": 16, "seq_len": 128, "lr": 1e-2, "weight_decay": 0.1,
                   "warmup_frac": 0.05, "schedule": "cosine", "max_grad_norm": 1.0, "bos": True,
                   "n_docs": 40_000, "format_share": 0.5}
+PACKINGS = ("concat", "doc")
 SINK_DEFAULTS = {"n_prompts": 16, "last_k_layers": 10, "query_start": 1, "max_tokens": 128}
 
 
@@ -59,8 +60,16 @@ def train_params(variant: str, *, size: SizeConfig | dict | None = None, seed: i
                  schedule: str = TRAIN_DEFAULTS["schedule"], max_grad_norm: float = TRAIN_DEFAULTS["max_grad_norm"],
                  bos: bool = TRAIN_DEFAULTS["bos"], n_docs: int = TRAIN_DEFAULTS["n_docs"],
                  format_share: float = TRAIN_DEFAULTS["format_share"], checkpoints: Sequence[int] | None = None,
-                 tokenizer: dict | None = None, sink: dict | None = None) -> dict:
-    """Every parameter of a run, checked (ParameterError names the one that is wrong): the cache key."""
+                 tokenizer: dict | None = None, sink: dict | None = None, packing: str = "concat",
+                 chain_share: float = 0.0) -> dict:
+    """Every parameter of a run, checked (ParameterError names the one that is wrong): the cache key.
+
+    packing 'concat' (rows of seq_len tokens: [BOS] doc <eos> doc <eos> ..., see `pack`) or 'doc' (one
+    document per row, [BOS] doc <eos> right-padded, the padding not scored: every document starts at
+    position 0 with BOS, as every evaluation prompt does; see `pack_docs`). The key holds 'packing' only
+    when it is not 'concat', so runs made before the option existed keep their cache keys. chain_share: the
+    share of Bigram-Backcopy chain drills in the training corpus (`corpus.make_corpus`; in the key only when
+    > 0, for the same reason; the tokenizer is always trained on the corpus without them)."""
     variant = check_choice("variant", variant, VARIANTS)
     tok_p = tokenizer_params(**{**TOKENIZER_DEFAULTS, **dict(tokenizer or {})})
     size = size_config(**{"vocab_size": tok_p["vocab_size"]}) if size is None else (
@@ -74,6 +83,7 @@ def train_params(variant: str, *, size: SizeConfig | dict | None = None, seed: i
     bad = set(sink_p) - set(SINK_DEFAULTS)
     if bad:
         raise ParameterError(f"unknown sink parameter(s) {sorted(bad)}; allowed: {', '.join(SINK_DEFAULTS)}")
+    packing = check_choice("packing", packing, PACKINGS)
     ck = default_checkpoints(steps) if checkpoints is None else sorted(set(
         check_list("checkpoints", list(checkpoints), lambda n, v: check_int(n, v, 0, steps), min_len=0)))
     return {
@@ -90,7 +100,8 @@ def train_params(variant: str, *, size: SizeConfig | dict | None = None, seed: i
                  "last_k_layers": check_int("sink.last_k_layers", sink_p["last_k_layers"], 1, 1000),
                  "query_start": check_int("sink.query_start", sink_p["query_start"], 0, 64),
                  "max_tokens": check_int("sink.max_tokens", sink_p["max_tokens"], 4, 1 << 16)},
-        "optimizer": loop.OPTIMIZER,
+        "optimizer": loop.OPTIMIZER, **({} if packing == "concat" else {"packing": packing}),
+        **({"chain_share": chain_share} if check_float("chain_share", chain_share, 0.0, 1.0) > 0 else {}),
     }
 
 
@@ -114,10 +125,34 @@ def pack(token_docs: Sequence[Sequence[int]], seq_len: int, bos: bool) -> torch.
     return torch.tensor(rows, dtype=torch.long)
 
 
+def pack_docs(token_docs: Sequence[Sequence[int]], seq_len: int, bos: bool) -> torch.Tensor:
+    """One row per document: [BOS] (when `bos`) doc <eos>, cut at `seq_len`, right-padded with <pad>
+    (PAD_ID, never a document token; `doc_batch` leaves it unscored). [N, seq_len]"""
+    if not token_docs:
+        raise ParameterError("parameter 'n_docs' gives no documents; raise n_docs")
+    rows = torch.full((len(token_docs), seq_len), PAD_ID, dtype=torch.long)
+    for i, d in enumerate(token_docs):
+        r = ([BOS_ID] if bos else []) + list(d) + [EOS_ID]
+        r = r[:seq_len]
+        rows[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+    return rows
+
+
+def doc_batch(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded document rows [B, T] -> (input_ids cut to the longest row, labels with -100 at padding).
+    Right padding and causal attention: a real token never sees a pad, so no attention mask is needed."""
+    real = rows != PAD_ID
+    t = int(real.sum(1).max())
+    ids = rows[:, :t]
+    return ids, ids.masked_fill(~real[:, :t], -100)
+
+
 def training_rows(params: dict, tokenizer) -> torch.Tensor:
-    """The packed training rows of a run [N, seq_len]."""
-    docs = make_corpus(params["n_docs"], params["seed"], params["format_share"])
+    """The training rows of a run [N, seq_len] (`pack` or `pack_docs`, by params['packing'])."""
+    docs = make_corpus(params["n_docs"], params["seed"], params["format_share"], params.get("chain_share", 0.0))
     ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    if params.get("packing", "concat") == "doc":
+        return pack_docs(ids, params["seq_len"], params["bos"])
     return pack(ids, params["seq_len"], params["bos"])
 
 
@@ -227,8 +262,13 @@ def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, *
     def batches(i: int) -> torch.Tensor:
         return rows[batch_indices(i, len(rows), params["batch_size"], params["seed"])]
 
+    by_doc = params.get("packing", "concat") == "doc"
+    seen = {"tokens": 0}
+
     def loss_fn(batch: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=batch, labels=batch, use_cache=False).loss
+        ids, labels = doc_batch(batch) if by_doc else (batch, batch)
+        seen["tokens"] += int((labels != -100).sum())
+        return model(input_ids=ids, labels=labels, use_cache=False).loss
 
     def after_step(s: loop.StepInfo) -> None:
         nonlocal t_measure
@@ -255,7 +295,7 @@ def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, *
     log["seconds"] = round(seconds, 2)
     log["seconds_measuring"] = round(t_measure, 2)
     info = {"n_parameters": n_parameters(model), "n_rows": len(rows),
-            "tokens_seen": params["steps"] * params["batch_size"] * params["seq_len"],
+            "tokens_seen": seen["tokens"],
             "epochs": round(params["steps"] * params["batch_size"] / len(rows), 3),
             "torch_threads": torch.get_num_threads()}
     save_checkpoint(path, model, meta={"params": params, "log": log, "info": info})
