@@ -86,5 +86,11 @@ def test_paired_ci_and_errors():
         adapt_params(lm, stage3_steps=1)
     with pytest.raises(ParameterError, match="lr_lm"):
         adapt_params(lm, lr_lm=-1.0)
-    assert adapt_params(lm)["lr_lm"] == 2e-4 and not math.isnan(adapt_params(lm)["lr_projector"])
+    assert adapt_params(lm)["lr_lm"] == 1e-3 and not math.isnan(adapt_params(lm)["lr_projector"])
     assert np.isfinite(adapt_params(lm, stage2_steps=5)["stage2_steps"])
+    from sinklib.tiny.adapt import _eval_params
+
+    with pytest.raises(ParameterError, match="vqa_max_new_tokens"):
+        _eval_params({"vqa_max_new_tokens": 0})
+    with pytest.raises(ParameterError, match="n_questions"):
+        _eval_params({"n_questions": 3})

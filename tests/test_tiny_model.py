@@ -224,6 +224,15 @@ def test_pilot_end_to_end_and_cached(tmp_cache):
     assert {"strict", "lenient", "knowledge", "ppl", "all_in_band"} <= set(r)
     again = pilot("layerwise", **kw)
     assert again["from_cache"] and again["strict"] == r["strict"] and again["S_final"] == r["S_final"]
+    from sinklib.tiny.pilot import S_from_mass, trial_table
+    from sinklib.tiny.train import train_tiny
+
+    run = train_tiny("layerwise", **{k: v for k, v in kw.items() if k != "eval_kwargs"})
+    assert S_from_mass(run.log["checkpoints"][-1]["mass"], 0) == pytest.approx(run.S_final, abs=1e-4)
+    assert r["max_mass_final"] == pytest.approx(float(np.max(run.log["checkpoints"][-1]["mass"])), abs=1e-4)
+    t = trial_table([("t", "layerwise", {k: v for k, v in kw.items() if k != "eval_kwargs"}),
+                     ("missing", "none", {**{k: v for k, v in kw.items() if k != "eval_kwargs"}, "seed": 9})])
+    assert list(t.cached) == [True, False] and t.S_final.iloc[0] == pytest.approx(run.S_final)
 
 
 def test_pack_docs_one_document_per_row_padding_unscored():

@@ -27,7 +27,7 @@ from ..panel_schema import validate_panel
 from ..params import check_choice
 from .adapt import PANEL_METRICS, adapt
 from .model import VARIANTS
-from .pilot import pilot
+from .pilot import PILOT_RECIPE, pilot
 
 #: the training settings of the full panel, applied on top of the profile's base recipe (name -> overrides):
 #: the pilot recipe itself, another seed, a lower learning rate, no weight decay, no BOS token
@@ -50,11 +50,19 @@ PROFILES: dict[str, dict] = {
         "eval": dict(n_format=10, n_knowledge=8, n_prose=4, max_new_tokens=4, vqa_n=12),
     },
     "full": {
-        "train": {}, "settings": SETTINGS, "variants": VARIANTS, "recipe": {}, "eval": {},
+        "train": PILOT_RECIPE, "settings": SETTINGS, "variants": VARIANTS, "recipe": {}, "eval": {},
     },
 }
 
 TASKS = tuple("delta_" + name.replace(" ", "_") for _, _, name in PANEL_METRICS)
+
+
+def _merge(base: Mapping, over: Mapping) -> dict:
+    """A setting's overrides on top of the base recipe; 'size' is merged key by key."""
+    out = {**base, **dict(over)}
+    if "size" in base and "size" in over:
+        out["size"] = {**base["size"], **over["size"]}
+    return out
 
 
 def panel_plan(profile: str = "full", settings: Mapping[str, Mapping] | None = None,
@@ -65,7 +73,7 @@ def panel_plan(profile: str = "full", settings: Mapping[str, Mapping] | None = N
     variants = prof["variants"] if variants is None else [check_choice("variant", v, VARIANTS) for v in variants]
     if not settings:
         raise ParameterError("parameter 'settings' is empty; give at least one training setting")
-    return [{"variant": v, "setting": name, "train": {**prof["train"], **dict(over)}}
+    return [{"variant": v, "setting": name, "train": _merge(prof["train"], over)}
             for v in variants for name, over in settings.items()]
 
 
@@ -78,7 +86,7 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
     rows, models = [], []
     for spec in panel_plan(profile, settings, variants):
         t1 = time.perf_counter()
-        base = pilot(spec["variant"], eval_kwargs={k: v for k, v in prof["eval"].items() if k != "vqa_n"},
+        base = pilot(spec["variant"], eval_kwargs={k: v for k, v in prof["eval"].items() if not k.startswith("vqa_")},
                      progress=progress, **spec["train"])
         from .train import train_tiny
 
