@@ -263,6 +263,25 @@ def prompt_batch(tokenizer: Any, n: int, seed: int, offset: int, max_tokens: int
     return pad_batch(enc, tokenizer.pad_token_id or 0)
 
 
+def recovery_texts(exclude: Sequence[str]) -> list[str]:
+    """The recovery fine-tune's texts: every calibration prompt except `exclude` (the prompts S is measured on
+    and the held-out prompts of the injection error), so that S after recovery is not measured on trained text."""
+    from .data import load_prompts
+
+    drop = set(exclude)
+    texts = [t for t in load_prompts() if t not in drop]
+    if not texts:
+        raise ParameterError("recovery_texts: every calibration prompt is excluded; measure S on fewer prompts")
+    return texts
+
+
+def strict_by_condition(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """{condition: mean strict-format score} of `evaluate`'s results per condition (`pairs.STRICT_METRICS`)."""
+    from .pairs import strict_mean
+
+    return {c: strict_mean({f"{s['suite']} {s['metric']}": s["score"] for s in r["scores"]}) for c, r in rows.items()}
+
+
 def injection_key(tag: str, *, model: str, weights: str, eval_n: Mapping[str, int], seed: int, prompts: list[str],
                   K: int, gain_rule: str, calib: int, recovery: Sequence) -> dict:
     """The parameters that identify one evaluated injection condition (hashed by `sinklib.cache.key`)."""

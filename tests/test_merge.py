@@ -378,3 +378,26 @@ def test_recovery_finetune_reduces_loss_is_seeded_and_can_train_only_gains():
         recovery_finetune(_tiny_llama(0), None, texts, steps=1, train_params="qk_norm", show_progress=False)
     with pytest.raises(ParameterError, match="steps"):
         recovery_finetune(new, None, texts, steps=0)
+
+
+def test_recovery_texts_are_disjoint_from_the_s_prompts():
+    from sinklib import inject
+    from sinklib.data import load_prompts
+    from sinklib.errors import ParameterError
+
+    s_prompts, held = load_prompts(15, seed=0), load_prompts(16, seed=8)
+    texts = inject.recovery_texts(s_prompts + held)
+    assert texts and not set(texts) & set(s_prompts + held)
+    assert set(texts) | set(s_prompts + held) == set(load_prompts())
+    assert texts == inject.recovery_texts(held + s_prompts)  # order of the excluded prompts does not matter
+    with pytest.raises(ParameterError, match="every calibration prompt"):
+        inject.recovery_texts(load_prompts())
+
+
+def test_strict_by_condition_means_the_strict_suites():
+    from sinklib import inject
+    from sinklib.pairs import STRICT_METRICS
+
+    rows = {"a": {"scores": [{"suite": k.split()[0], "metric": k.split()[1], "score": 10.0 * (i + 1)}
+                             for i, k in enumerate(STRICT_METRICS)] + [{"suite": "knowledge", "metric": "acc", "score": 99.0}]}}
+    assert inject.strict_by_condition(rows)["a"] == pytest.approx(10.0 * (len(STRICT_METRICS) + 1) / 2)
