@@ -413,3 +413,21 @@ def test_smollm2_math_few_items():
     res = evals.run_suite(loaded, None, "math", n_items=4, batch_size=4)
     assert res.settings["prompt_style"] == "chat" and res.n == 4
     assert any("The answer is" in p["response"] for p in res.per_item)
+
+
+def test_paired_intervals_resample_items_together():
+    import numpy as np
+
+    from sinklib.errors import ParameterError
+    from sinklib.evals.grading import paired_ci, paired_ppl_ci
+
+    a = [1, 0, 1, 1, 0, 1, 0, 1]
+    assert paired_ci(a, a) == (0.0, 0.0)  # a paired interval of no change has no width
+    lo, hi = paired_ci(a, [1] * 8)
+    assert 0 < lo <= hi <= 100 and lo <= 37.5 <= hi  # the mean change is 3/8 = 37.5 points
+    nll, tok = [10.0, 12.0, 9.0], [5, 6, 4]
+    assert paired_ppl_ci(nll, nll, tok) == (0.0, 0.0)
+    lo, hi = paired_ppl_ci(nll, [x + 1 for x in nll], tok)
+    assert 0 < lo <= hi and np.isfinite(hi)
+    with pytest.raises(ParameterError, match="paired_ppl_ci"):
+        paired_ppl_ci(nll, nll[:2], tok)

@@ -231,6 +231,28 @@ def bootstrap_ppl_interval(nll_sums: Sequence[float], n_tokens: Sequence[int], n
     return bootstrap_ratio_interval(nll_sums, n_tokens, np.exp, n_boot, seed, level)
 
 
+def paired_ci(base: Sequence[float], other: Sequence[float], *, n_boot: int = 2000, seed: int = 0,
+              level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(other - base) * 100 over shared items (resampled together): the
+    paired interval of a change in a pass/fail or 0/1-scored suite, in points."""
+    a, b = np.asarray(base, float), np.asarray(other, float)
+    if a.shape != b.shape or a.size == 0:
+        raise ParameterError(f"paired_ci needs two equally long non-empty item lists, got {a.size} and {b.size}")
+    return bootstrap_ratio_interval((b - a) * 100, np.ones_like(a), n_boot=n_boot, seed=seed, level=level)
+
+
+def paired_ppl_ci(base_nll: Sequence[float], other_nll: Sequence[float], n_tokens: Sequence[int], *,
+                  n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of ppl(other) - ppl(base) over shared documents (resampled together)."""
+    nb, no, nt = (np.asarray(x, dtype=float) for x in (base_nll, other_nll, n_tokens))
+    if not nb.shape == no.shape == nt.shape or nb.size == 0:
+        raise ParameterError("paired_ppl_ci needs one NLL sum per document for both models and one token count each")
+    idx = np.random.default_rng(seed).integers(0, nb.size, size=(int(n_boot), nb.size))
+    d = np.exp(no[idx].sum(1) / nt[idx].sum(1)) - np.exp(nb[idx].sum(1) / nt[idx].sum(1))
+    a = (1 - level) / 2
+    return float(np.quantile(d, a)), float(np.quantile(d, 1 - a))
+
+
 def proportion_ci_pct(flags: Sequence[Any]) -> tuple[float, tuple[float, float]]:
     """Mean of boolean flags in % and its Wilson 95 % interval in %."""
     k, n = int(sum(bool(f) for f in flags)), len(flags)

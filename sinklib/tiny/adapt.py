@@ -38,7 +38,7 @@ import torch
 
 from .. import cache, pairs, vl
 from ..errors import ParameterError
-from ..evals.grading import wilson_interval
+from ..evals.grading import paired_ci, paired_ppl_ci, wilson_interval
 from ..models import Loaded
 from ..params import check_choice, check_int
 from ..verdicts import Est, diff, wilson_pct
@@ -131,34 +131,14 @@ def evaluate_condition(lm: Loaded, pair: pairs.Pair, condition: str, *, eval_kwa
 # changes with intervals
 
 
-def paired_ci(base: Sequence[float], other: Sequence[float], *, n_boot: int = 2000, seed: int = 0,
-              level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of mean(other - base) * 100 over shared items (resampled together)."""
-    a, b = np.asarray(base, float), np.asarray(other, float)
-    if a.shape != b.shape or a.size == 0:
-        raise ParameterError(f"paired_ci needs two equally long non-empty item lists, got {a.size} and {b.size}")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, a.size, size=(int(n_boot), a.size))
-    d = (b - a)[idx].mean(axis=1) * 100
-    return float(np.percentile(d, 50 * (1 - level))), float(np.percentile(d, 50 * (1 + level)))
-
-
-def _ppl_paired_ci(base: dict, other: dict, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Bootstrap over paragraphs (resampled together) of ppl(other) - ppl(base)."""
-    nb, no, nt = (np.asarray(x, float) for x in (base["nll"], other["nll"], base["n_tokens"]))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, nb.size, size=(int(n_boot), nb.size))
-    d = np.exp(no[idx].sum(1) / nt[idx].sum(1)) - np.exp(nb[idx].sum(1) / nt[idx].sum(1))
-    return float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))
-
-
 def change(base_ev: dict, other_ev: dict, suite: str, metric: str, seed: int = 0) -> dict:
     """The change other - base of one metric: value, chapter 4's MOVER interval (lo, hi) and the paired
     bootstrap interval (paired_lo, paired_hi)."""
     if suite == "perplexity":
         b = Est(base_ev["scores"][suite][metric], *base_ev["ci"][suite][metric])
         o = Est(other_ev["scores"][suite][metric], *other_ev["ci"][suite][metric])
-        plo, phi = _ppl_paired_ci(base_ev["items"]["perplexity"], other_ev["items"]["perplexity"], seed=seed)
+        bi, oi = base_ev["items"]["perplexity"], other_ev["items"]["perplexity"]
+        plo, phi = paired_ppl_ci(bi["nll"], oi["nll"], bi["n_tokens"], seed=seed)
     else:
         n = base_ev["n"][suite]
         b = wilson_pct(base_ev["scores"][suite][metric], n)
