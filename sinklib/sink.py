@@ -262,7 +262,7 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
         count += int(rec.valid.sum())
     mass = (sum_p / count).numpy()
     z = logit(mass) if aggregate == "mass_then_logodds" else (sum_z / count).numpy()
-    S = float(np.median(z[-last_k_layers:].ravel()))
+    S = strength_from_logodds(z, last_k_layers)
     return SinkResult(S=S, mass=mass, logodds=z, layers=layers, last_k_layers=last_k_layers,
                       n_prompts=len(seqs), n_queries=count, seconds=time.perf_counter() - t0, params=params)
 
@@ -349,7 +349,13 @@ def strength_from_stats(stats: PromptStats, idx: Sequence[int] | None = None, la
         z = logit(stats.sum_p[idx].sum(0) / n)
     else:
         z = stats.sum_z[idx].sum(0) / n
-    return float(np.median(z[-last_k_layers:].ravel()))
+    return strength_from_logodds(z, last_k_layers)
+
+
+def strength_from_logodds(z, last_k_layers: int) -> float:
+    """S from per-head log-odds z [L, H] (layers in order): the median over the heads of the last K layers.
+    The one place this rule is written (`sink_strength`, `strength_from_stats`, chapter 7's pilot)."""
+    return float(np.median(np.asarray(z)[-last_k_layers:].ravel()))
 
 
 # ---------------------------------------------------------------------------------------

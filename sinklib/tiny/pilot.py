@@ -65,10 +65,10 @@ def S_from_mass(mass, first_layer: int = 1) -> float:
     """S recomputed from a logged sink-mass map [L, H] over layers >= first_layer (median of the heads'
     log-odds, the 'mass_then_logodds' rule of `sinklib.sink`): S without layer 0, where sinks rarely form.
     With first_layer=0 it equals the logged S (K clamped to the depth)."""
-    from ..sink import logit
+    from ..sink import logit, strength_from_logodds
 
     m = np.asarray(mass, dtype=float)[first_layer:]
-    return float(np.median(logit(m)))
+    return strength_from_logodds(logit(m), len(m))
 
 
 def max_mass(checkpoint: dict) -> float:
