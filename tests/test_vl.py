@@ -330,3 +330,16 @@ def test_checkpoint_round_trip_and_key(tmp_path):
     back = cache.load_checkpoint(tmp_path / "tied", tiny(seed=4, tie_word_embeddings=True)).model
     assert torch.equal(back.lm_head.weight, tied.lm_head.weight) and back.lm_head.weight is back.model.embed_tokens.weight
     assert math.isfinite(float(back.lm_head.weight.detach().sum()))
+
+
+def test_against_majority_is_chapter_4s_rule():
+    """Wilson interval of the held-out accuracy against the blind majority answer on the same items."""
+    from sinklib.evals.grading import wilson_interval
+
+    r = vl.against_majority(0.5, 200, 0, 48)
+    lo, hi = wilson_interval(100, 200)
+    maj = 100 * vl.majority_baseline(vl.eval_items(vl.MAJORITY_TRAIN_ITEMS, seed=0, image_size=48),
+                                     vl.heldout_items(200, 0, 48))
+    assert (r["vqa"], r["vqa_lo"], r["vqa_hi"], r["n"], r["majority"]) == (50.0, 100 * lo, 100 * hi, 200, maj)
+    assert r["learned"] == (100 * lo > maj)
+    assert not vl.against_majority(maj / 100, 200, 0, 48)["learned"]  # at the baseline itself: not learned

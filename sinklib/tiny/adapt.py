@@ -38,7 +38,7 @@ import torch
 
 from .. import cache, pairs, vl
 from ..errors import ParameterError
-from ..evals.grading import paired_ci, paired_ppl_ci, wilson_interval
+from ..evals.grading import paired_ci, paired_ppl_ci
 from ..models import Loaded
 from ..params import check_choice, check_int
 from ..verdicts import Est, diff, wilson_pct
@@ -148,15 +148,11 @@ def change(base_ev: dict, other_ev: dict, suite: str, metric: str, seed: int = 0
     return {"change": d.v, "lo": d.lo, "hi": d.hi, "paired_lo": plo, "paired_hi": phi}
 
 
-def vqa_summary(ev: dict, pair_params: Mapping, n_majority_train: int = 2000) -> dict:
-    """VQA accuracy (%) with its Wilson interval against the blind majority answer on the same items."""
+def vqa_summary(ev: dict, pair_params: Mapping) -> dict:
+    """VQA accuracy (%) with its Wilson interval against the blind majority answer on the same items
+    (chapter 4's rule, `vl.against_majority`)."""
     acc, n = ev["vqa"]
-    lo, hi = wilson_interval(int(round(acc * n)), int(n))
-    seed, size = pair_params["seed"], pair_params["image_size"]
-    maj = vl.majority_baseline(vl.eval_items(n_majority_train, seed=seed, image_size=size),
-                               vl.heldout_items(int(n), seed, size))
-    return {"vqa": 100 * acc, "vqa_lo": min(100 * lo, 100 * acc), "vqa_hi": max(100 * hi, 100 * acc), "n": int(n), "majority": 100 * maj,
-            "learned": bool(100 * lo > 100 * maj)}
+    return vl.against_majority(acc, int(n), pair_params["seed"], pair_params["image_size"])
 
 
 # ---------------------------------------------------------------------------------------

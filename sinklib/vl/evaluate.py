@@ -12,7 +12,7 @@ from ..anatomy import decoder, head_logits
 from ..errors import ParameterError
 from ..params import check_choice, check_int
 from .model import FrozenVisionEncoder, Projector, _eos_id, _segments, answer_logits, build_batch
-from .scenes import ANSWERS, QUESTION_TYPES, QAItem, Scene, check_qtypes, eval_items, make_items
+from .scenes import ANSWERS, QUESTION_TYPES, QAItem, Scene, check_qtypes, eval_items, majority_baseline, make_items
 
 #: held-out VQA items of a run with seed s use eval_items(seed=s + VQA_EVAL_SEED_OFFSET)
 VQA_EVAL_SEED_OFFSET = 10_000
@@ -166,3 +166,20 @@ def vqa_accuracy(model: nn.Module, tokenizer, encoder: FrozenVisionEncoder | Non
         if sel:
             per[q] = (float(np.mean(sel)), len(sel))
     return acc[0], acc[1], per
+
+
+MAJORITY_TRAIN_ITEMS = 2000  # items whose most frequent answer per question type is the blind baseline
+
+
+def against_majority(accuracy: float, n: int, seed: int, image_size: int) -> dict:
+    """Held-out VQA accuracy (a fraction over `n` items of `heldout_items(n, seed, image_size)`) against the blind
+    majority answer on the same items: {'vqa', 'vqa_lo', 'vqa_hi' (Wilson 95 %), 'n', 'majority' (all in %),
+    'learned': the interval lies above the majority baseline}. The rule chapters 4 and 7 judge a VL model by."""
+    from ..evals.grading import wilson_interval
+
+    n = check_int("n", n, 1)
+    lo, hi = wilson_interval(int(round(accuracy * n)), n)
+    maj = 100 * majority_baseline(eval_items(MAJORITY_TRAIN_ITEMS, seed=seed, image_size=image_size),
+                                  heldout_items(n, seed, image_size))
+    return {"vqa": 100 * accuracy, "vqa_lo": 100 * lo, "vqa_hi": 100 * hi, "n": n, "majority": maj,
+            "learned": bool(100 * lo > maj)}
