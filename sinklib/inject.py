@@ -10,7 +10,7 @@ text suites and S (cached under `injection/` by `injection_key`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -275,11 +275,9 @@ def recovery_texts(exclude: Sequence[str]) -> list[str]:
     return texts
 
 
-def strict_by_condition(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """{condition: mean strict-format score} of `evaluate`'s results per condition (`pairs.STRICT_METRICS`)."""
-    from .pairs import strict_mean
-
-    return {c: strict_mean({f"{s['suite']} {s['metric']}": s["score"] for s in r["scores"]}) for c, r in rows.items()}
+def scores_by_condition(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """{condition: {'suite metric': score}} of `evaluate`'s results, the form `pairs.strict_mean` reads."""
+    return {c: {f"{s['suite']} {s['metric']}": s["score"] for s in r["scores"]} for c, r in rows.items()}
 
 
 def injection_key(tag: str, *, model: str, weights: str, eval_n: Mapping[str, int], seed: int, prompts: list[str],
@@ -289,20 +287,26 @@ def injection_key(tag: str, *, model: str, weights: str, eval_n: Mapping[str, in
             "K": K, "gain_rule": gain_rule, "calib": calib, "recovery": list(recovery), "version": INJECTION_VERSION}
 
 
-def evaluate(model: torch.nn.Module, tokenizer: Any, key_params: Mapping[str, Any], *, max_tokens: int,
-             eval_batch_size: int) -> dict:
+def evaluate(model: torch.nn.Module | Callable[[], tuple[torch.nn.Module, dict]], tokenizer: Any,
+             key_params: Mapping[str, Any], *, max_tokens: int, eval_batch_size: int) -> dict:
     """Text suites and S of one injection condition, cached under `injection/` by `key_params`
-    (`injection_key`): {"scores": rows of evals.results_table, "S": float}."""
+    (`injection_key`): {"scores": rows of evals.results_table, "S": float, **extra}.
+
+    model: the module, or a function returning (module, extra) that is called only when the result is not
+    cached, so that a recovery fine-tune is not run again for a cached evaluation; `extra` (JSON-able, for
+    example the fine-tune's first and last loss) is stored with the result.
+    """
     from . import evals, sink
     from .cache import cached_json
 
     eval_n = key_params["eval_n"]
 
     def compute() -> dict:
-        res = evals.run_suites(model, tokenizer, suites=tuple(k for k, v in eval_n.items() if v), n_items=eval_n,
+        m, extra = (model, {}) if isinstance(model, torch.nn.Module) else model()
+        res = evals.run_suites(m, tokenizer, suites=tuple(k for k, v in eval_n.items() if v), n_items=eval_n,
                                seed=key_params["seed"], batch_size=eval_batch_size)
-        s = sink.sink_strength(model, key_params["prompts"], tokenizer=tokenizer, last_k_layers=key_params["K"],
+        s = sink.sink_strength(m, key_params["prompts"], tokenizer=tokenizer, last_k_layers=key_params["K"],
                                max_tokens=max_tokens)
-        return {"scores": evals.results_table(res), "S": s.S}
+        return {"scores": evals.results_table(res), "S": s.S, **extra}
 
     return cached_json(key_params, compute, folder="injection")

@@ -394,10 +394,37 @@ def test_recovery_texts_are_disjoint_from_the_s_prompts():
         inject.recovery_texts(load_prompts())
 
 
-def test_strict_by_condition_means_the_strict_suites():
+def test_scores_by_condition_feed_the_strict_mean():
     from sinklib import inject
-    from sinklib.pairs import STRICT_METRICS
+    from sinklib.pairs import STRICT_METRICS, strict_mean
 
     rows = {"a": {"scores": [{"suite": k.split()[0], "metric": k.split()[1], "score": 10.0 * (i + 1)}
                              for i, k in enumerate(STRICT_METRICS)] + [{"suite": "knowledge", "metric": "acc", "score": 99.0}]}}
-    assert inject.strict_by_condition(rows)["a"] == pytest.approx(10.0 * (len(STRICT_METRICS) + 1) / 2)
+    scores = inject.scores_by_condition(rows)
+    assert scores["a"]["knowledge acc"] == 99.0
+    assert strict_mean(scores["a"]) == pytest.approx(10.0 * (len(STRICT_METRICS) + 1) / 2)
+
+
+def test_injection_evaluate_builds_the_model_only_on_a_cache_miss(monkeypatch, tmp_path):
+    """A recovery fine-tune passed as a builder runs once; the cached result carries its extra record."""
+    import types
+
+    from sinklib import evals, inject, sink
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    monkeypatch.setattr(evals, "run_suites", lambda *a, **k: "res")
+    monkeypatch.setattr(evals, "results_table", lambda res: [{"suite": "math", "metric": "strict", "score": 50.0}])
+    monkeypatch.setattr(sink, "sink_strength", lambda *a, **k: types.SimpleNamespace(S=0.5))
+    calls = []
+
+    def build():
+        calls.append(1)
+        return torch.nn.Linear(1, 1), {"recovery_loss": [2.0, 1.0]}
+
+    key = {"tag": "t", "eval_n": {"math": 2}, "seed": 0, "prompts": ["a"], "K": 1}
+    first = inject.evaluate(build, None, key, max_tokens=8, eval_batch_size=1)
+    again = inject.evaluate(build, None, key, max_tokens=8, eval_batch_size=1)
+    assert calls == [1] and first == again
+    assert first["recovery_loss"] == [2.0, 1.0] and first["S"] == 0.5
+    plain = inject.evaluate(torch.nn.Linear(1, 1), None, {**key, "tag": "u"}, max_tokens=8, eval_batch_size=1)
+    assert set(plain) == {"scores", "S"}
