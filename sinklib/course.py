@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from .errors import ParameterError, ResultsMissing
@@ -72,26 +71,24 @@ def measure(profile: str = "quick") -> dict:
     return {"profile": profile, "runs": runs}
 
 
-def save(measured: dict) -> Path:
+def save(measured: dict) -> str:
+    """Save the times with the book's provenance (`book.save_results`); the load average goes with them, since
+    a busy machine makes every time an upper bound."""
     from . import book
 
-    path = book.results_dir() / f"{RESULTS_NAME}.json"
-    doc = {"notebook": RESULTS_NAME, "results": measured, "parameters": {"profile": measured["profile"]},
-           "provenance": {"git_commit": book._git_commit(), "device": book.device_info(), "versions": book._versions(),
-                          "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "load_average_after": [round(x, 2) for x in os.getloadavg()]}}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
+    results = {**measured, "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    seconds = sum(sum(run.values()) for run in measured["runs"].values())
+    return book.save_results(RESULTS_NAME, results, params={"profile": measured["profile"]}, seconds=seconds)
 
 
 def load() -> dict:
     from . import book
 
     path = book.results_dir() / f"{RESULTS_NAME}.json"
-    if not path.exists():
+    if not path.exists():  # book.load_results would name a notebook; these times come from a command
         raise ResultsMissing(f"{book.display_path(path)} does not exist: run `python -m sinklib.course time` "
                              "(about twice the quick profile's run time)")
-    return json.loads(path.read_text())
+    return book.load_results(RESULTS_NAME)
 
 
 def _minutes(seconds: float) -> str:
@@ -110,13 +107,13 @@ def markdown(doc: dict) -> str:
                         f"{_minutes(rerun[n])} |")
         tot1, tot2 = sum(first[n] for n in names), sum(rerun[n] for n in names)
         rows.append(f"| **{session.split(':')[0]} total** | | **{_minutes(tot1)}** | **{_minutes(tot2)}** |")
-    prov = doc.get("provenance", {})
+    prov, load = doc.get("provenance", {}), doc["results"].get("load_average_after")
     note = (f"\nMeasured with `python -m sinklib.course time` on {prov.get('device', '?')} at {prov.get('utc', '?')} "
             f"(git {str(prov.get('git_commit', '?'))[:12]}), {doc['results']['profile']} profile; "
             f"minutes of wall-clock time per notebook, including the kernel's start and imports"
             + (f"; the machine's load average over the last 1/5/15 minutes was "
-               f"{'/'.join(str(x) for x in prov['load_average_after'])} at the end (above its core count means another "
-               "job shared the machine and the times are upper bounds)" if prov.get("load_average_after") else "")
+               f"{'/'.join(str(x) for x in load)} at the end (above its core count means another "
+               "job shared the machine and the times are upper bounds)" if load else "")
             + ".\n")
     return "\n".join(rows) + "\n" + note
 

@@ -48,3 +48,17 @@ def test_generated_times_are_fresh():
         "run `python -m sinklib.course report`"
     assert all(v > 0 for run in doc["results"]["runs"].values() for v in run.values())
     json.dumps(doc)
+
+
+def test_saved_times_carry_the_books_provenance(monkeypatch, tmp_path):
+    from sinklib.errors import ResultsMissing
+
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(tmp_path))
+    with pytest.raises(ResultsMissing, match="sinklib.course time"):
+        course.load()
+    runs = {"first run": {"01_a": 60.0}, "rerun": {"01_a": 30.0}}
+    course.save({"profile": "quick", "runs": runs})
+    doc = course.load()
+    assert doc["results"]["runs"] == runs and len(doc["results"]["load_average_after"]) == 3
+    assert doc["provenance"]["profile"] == "quick" and doc["provenance"]["seconds"] == 90.0
+    assert {"git_commit", "device", "versions", "utc"} <= set(doc["provenance"])
