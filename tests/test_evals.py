@@ -159,6 +159,14 @@ def test_wilson_interval_known_values(k, n, lo, hi):
     assert a == pytest.approx(lo, abs=1e-4) and b == pytest.approx(hi, abs=1e-4)
 
 
+def test_wilson_interval_holds_the_point_exactly():
+    for n in range(1, 80):
+        assert evals.wilson_interval(0, n)[0] == 0.0 and evals.wilson_interval(n, n)[1] == 1.0
+        for k in range(n + 1):
+            lo, hi = evals.wilson_interval(k, n)
+            assert lo <= k / n <= hi
+
+
 def test_wilson_interval_rejects_bad_counts():
     with pytest.raises(ParameterError, match="'n'"):
         evals.wilson_interval(0, 0)

@@ -205,7 +205,8 @@ def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float
     den = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval always holds p: exact bounds at k = 0 and k = n (not 1e-15 of rounding)
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 def bootstrap_ratio_interval(num: Sequence[float], den: Sequence[float], transform=None, n_boot: int = 2000,
