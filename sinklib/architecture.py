@@ -129,9 +129,6 @@ def architecture_test(
     exact over all prod(n_g!) orderings when that is <= ``exact_max``, Monte Carlo otherwise.
     ``caveats`` states, in numbers, what this n can and cannot show at significance ``level``.
     """
-    import statsmodels.formula.api as smf
-    from statsmodels.stats.anova import anova_lm
-
     _check_alternative(alternative)
     d = usable(df, task)
     n = len(d)
@@ -144,7 +141,19 @@ def architecture_test(
     groups = d["qk_norm"].tolist()
     sizes = {g: int(c) for g, c in pd.Series(groups).value_counts().items()}
     sizes = {g: sizes[g] for g in QK_NORM_TYPES if g in sizes}
-    k = len(sizes)
+    nested = _nested_ols(x, y, groups, len(sizes))
+    caveats = _design_caveats(n, sizes, groups, nested)
+    partial = _partial_permutation(x, y, groups, sizes, alternative, exact_max, n_perm, seed, level)
+    caveats += partial.pop("caveats")
+    return ArchitectureResult(task=task, n=n, group_sizes=sizes, caveats=caveats, **nested["result"], **partial)
+
+
+def _nested_ols(x: np.ndarray, y: np.ndarray, groups: list[str], k: int) -> dict:
+    """change ~ C(qk_norm) against change ~ C(qk_norm) + S: fits, ranks, F and likelihood-ratio tests (NaN
+    when S is collinear with the architecture or no residual degree of freedom is left)."""
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
     data = pd.DataFrame({"y": y, "S": x, "qk": groups})
     arch_formula = "y ~ C(qk)" if k > 1 else "y ~ 1"
     m0 = smf.ols(arch_formula, data).fit()
@@ -153,43 +162,55 @@ def architecture_test(
         m1 = smf.ols(arch_formula + " + S", data).fit()
     rank_full = int(np.linalg.matrix_rank(m1.model.exog))
     collinear = rank_full < m1.model.exog.shape[1]
-    df_resid = n - rank_full
+    df_resid = len(y) - rank_full
     s_on_arch = smf.ols("S ~ C(qk)", data).fit().rsquared if k > 1 else 0.0
+    f_stat = f_p = lr = lr_p = float("nan")
+    table = None
+    if not (collinear or df_resid <= 0):
+        table = anova_lm(m0, m1)
+        f_stat, f_p = float(table["F"].iloc[1]), float(table["Pr(>F)"].iloc[1])
+        lr, lr_p, _ = m1.compare_lr_test(m0)
+        lr, lr_p = float(lr), float(lr_p)
+    return {"n_coef": m1.model.exog.shape[1], "collinear": collinear, "r2_arch": float(m0.rsquared),
+            "result": dict(r2_architecture=float(m0.rsquared), r2_full=float(m1.rsquared),
+                           r2_S_on_architecture=float(s_on_arch), df_resid_full=int(df_resid), f_stat=f_stat,
+                           f_pvalue=f_p, lr_stat=lr, lr_pvalue=lr_p, anova=table)}
 
+
+def _design_caveats(n: int, sizes: dict[str, int], groups: list[str], nested: dict) -> list[str]:
+    """What this panel's design can and cannot show, in numbers (the nested models' part)."""
+    k, r = len(sizes), nested["result"]
+    df_resid = r["df_resid_full"]
     caveats = [
         f"n = {n} pairs in {k} QK-norm group(s) ({', '.join(f'{g}: {c}' for g, c in sizes.items())}); "
-        f"the model change ~ architecture + S has {m1.model.exog.shape[1]} coefficients and "
+        f"the model change ~ architecture + S has {nested['n_coef']} coefficients and "
         f"{df_resid} residual degree(s) of freedom."
     ]
     if k == 1:
         caveats.append(f"All pairs share qk_norm = {groups[0]!r}: the architecture question cannot be asked "
                        "on this panel; the nested test reduces to 'does S predict the change at all'.")
     else:
-        caveats.append(f"The architecture alone explains {s_on_arch:.0%} of the variance of S "
-                       f"(R^2 of S ~ qk_norm) and {m0.rsquared:.0%} of the variance of the change.")
+        caveats.append(f"The architecture alone explains {r['r2_S_on_architecture']:.0%} of the variance of S "
+                       f"(R^2 of S ~ qk_norm) and {nested['r2_arch']:.0%} of the variance of the change.")
     singles = [g for g, c in sizes.items() if c == 1]
     if singles:
         caveats.append(f"{len(singles)} of {k} group(s) ({', '.join(singles)}) hold a single pair and carry no "
                        "within-architecture information about S.")
-
-    if collinear or df_resid <= 0:
-        f_stat = f_p = lr = lr_p = float("nan")
-        table = None
+    if nested["collinear"] or df_resid <= 0:
         caveats.append("S is a linear function of the architecture on this panel (collinear): the nested models "
-                       "cannot be told apart." if collinear else
+                       "cannot be told apart." if nested["collinear"] else
                        "The full model fits every pair exactly (no residual degrees of freedom): no F or "
                        "likelihood-ratio test is possible.")
-    else:
-        table = anova_lm(m0, m1)
-        f_stat, f_p = float(table["F"].iloc[1]), float(table["Pr(>F)"].iloc[1])
-        lr, lr_p, _ = m1.compare_lr_test(m0)
-        lr, lr_p = float(lr), float(lr_p)
-        if df_resid < 5:
-            caveats.append(f"With {df_resid} residual degree(s) of freedom the F and likelihood-ratio p-values "
-                           "rest almost entirely on the assumption of normal errors (the LR test's chi-square "
-                           "approximation is also poor at this n).")
+    elif df_resid < 5:
+        caveats.append(f"With {df_resid} residual degree(s) of freedom the F and likelihood-ratio p-values "
+                       "rest almost entirely on the assumption of normal errors (the LR test's chi-square "
+                       "approximation is also poor at this n).")
+    return caveats
 
-    # partial Spearman with a within-architecture permutation test
+
+def _partial_permutation(x: np.ndarray, y: np.ndarray, groups: list[str], sizes: dict[str, int], alternative: str,
+                         exact_max: int, n_perm: int, seed: int, level: float) -> dict:
+    """Partial Spearman rho of S and the change given the architecture, with its within-group permutation p."""
     rx, ry = stats.rankdata(x), stats.rankdata(y)
     mres = _residual_maker(groups)
     ey = mres @ ry
@@ -197,19 +218,15 @@ def architecture_test(
     obs = partial_spearman(x, y, groups)
     if math.isnan(obs):
         part_p, method, min_p = float("nan"), "", float("nan")
-        caveats.append("S (or the change) does not vary within any architecture group, so the partial "
-                       "Spearman rho is undefined.")
+        caveats = ["S (or the change) does not vary within any architecture group, so the partial "
+                   "Spearman rho is undefined."]
     else:
         null, method = _within_group_null(rx, ey, mres, groups, sizes, exact_max, n_perm, seed)
         part_p = pvalue_from_null(obs, null, alternative=alternative, monte_carlo=method == "monte carlo")
         min_p = _min_attainable_p(null, method, alternative, n_orders)
-        caveats.append(f"S can be reordered within architecture groups in only {n_orders} way(s), so no "
-                       f"within-architecture permutation test can give p below {min_p:.3g}"
-                       + (f" (above {level}: this panel cannot show that S adds to the architecture, "
-                          "whatever the data)." if min_p > level else "."))
-    return ArchitectureResult(
-        task=task, n=n, group_sizes=sizes, r2_architecture=float(m0.rsquared), r2_full=float(m1.rsquared),
-        r2_S_on_architecture=float(s_on_arch), df_resid_full=int(df_resid), f_stat=f_stat, f_pvalue=f_p,
-        lr_stat=lr, lr_pvalue=lr_p, partial_rho=obs, partial_p=part_p, partial_p_method=method,
-        n_within_orderings=n_orders, min_attainable_p=float(min_p), caveats=caveats, anova=table,
-    )
+        caveats = [f"S can be reordered within architecture groups in only {n_orders} way(s), so no "
+                   f"within-architecture permutation test can give p below {min_p:.3g}"
+                   + (f" (above {level}: this panel cannot show that S adds to the architecture, "
+                      "whatever the data)." if min_p > level else ".")]
+    return dict(partial_rho=obs, partial_p=part_p, partial_p_method=method, n_within_orderings=n_orders,
+                min_attainable_p=float(min_p), caveats=caveats)

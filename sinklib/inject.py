@@ -310,3 +310,47 @@ def evaluate(model: torch.nn.Module | Callable[[], tuple[torch.nn.Module, dict]]
         return {"scores": evals.results_table(res), "S": s.S, **extra}
 
     return cached_json(key_params, compute, folder="injection")
+
+
+def run_conditions(lm: Any, *, prompts: list[str], K: int, eval_n: Mapping[str, int], seed: int,
+                   calib_prompts: int, gain_rule: str, recovery_steps: int, recovery_lr: float,
+                   recovery_batch_size: int, max_tokens: int, eval_batch_size: int,
+                   show_progress: bool = True) -> tuple[dict[str, dict], dict[str, float]]:
+    """Chapter 6's injection experiment on a loaded model `lm` (sinklib.models.LoadedModel) without QK-norm.
+
+    Conditions: `original`, `injected` (inject_qk_norm calibrated on `calib_prompts` prompts) and, when
+    recovery_steps > 0, `injected + recovery` with its control `original + recovery`: the same fine-tune
+    (recovery_finetune on `recovery_texts`, disjoint from the S prompts and the held-out prompts) applied to
+    the original model. Each condition is scored by `evaluate` (cached; a cached condition is not fine-tuned
+    again). Returns ({condition: evaluate's result}, injection_error on held-out prompts).
+    """
+    key = dict(model=lm.name, weights=lm.weights_sha256, eval_n=eval_n, seed=seed, prompts=prompts, K=K,
+               gain_rule=gain_rule, calib=calib_prompts, recovery=[recovery_steps, recovery_lr, recovery_batch_size])
+
+    def scored(model, tag: str, **over) -> dict:
+        return evaluate(model, lm.tokenizer, injection_key(tag, **{**key, **over}), max_tokens=max_tokens,
+                        eval_batch_size=eval_batch_size)
+
+    calib_ids, calib_mask = prompt_batch(lm.tokenizer, calib_prompts, seed, CALIBRATION_SEED_OFFSET)
+    rows = {"original": scored(lm.model, "original")}
+    injected = inject_qk_norm(lm.model, calib_ids, attention_mask=calib_mask, gain_rule=gain_rule)
+    held_ids, held_mask = prompt_batch(lm.tokenizer, calib_prompts, seed, HELDOUT_SEED_OFFSET)
+    init_error = injection_error(lm.model, injected, held_ids, held_mask)
+    rows["injected"] = scored(injected, "injected")
+    if not recovery_steps:
+        return rows, init_error
+    from .data import load_prompts
+
+    texts = recovery_texts(exclude=prompts + load_prompts(calib_prompts, seed=seed + HELDOUT_SEED_OFFSET))
+    recovery = [recovery_steps, recovery_lr, recovery_batch_size, f"{len(texts)} texts, no S/held-out prompt"]
+
+    def recovered(start: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module, dict]:
+        model = start()
+        losses = recovery_finetune(model, lm.tokenizer, texts, steps=recovery_steps, lr=recovery_lr,
+                                   batch_size=recovery_batch_size, seed=seed, show_progress=show_progress)
+        return model.eval(), {"recovery_loss": [losses[0], sum(losses[-5:]) / len(losses[-5:])]}
+
+    starts = {"injected + recovery": lambda: injected, "original + recovery": lambda: copy.deepcopy(lm.model)}
+    for tag, start in starts.items():
+        rows[tag] = scored(lambda start=start: recovered(start), tag.replace(" ", ""), recovery=recovery)
+    return rows, init_error

@@ -428,3 +428,45 @@ def test_injection_evaluate_builds_the_model_only_on_a_cache_miss(monkeypatch, t
     assert first["recovery_loss"] == [2.0, 1.0] and first["S"] == 0.5
     plain = inject.evaluate(torch.nn.Linear(1, 1), None, {**key, "tag": "u"}, max_tokens=8, eval_batch_size=1)
     assert set(plain) == {"scores", "S"}
+
+
+def test_run_conditions_injects_fine_tunes_both_arms_once_and_keeps_the_original(monkeypatch, tmp_path):
+    """Chapter 6's experiment: four conditions; the control arm fine-tunes a copy (the original is untouched);
+    a second call reads every condition from the cache and fine-tunes nothing."""
+    import types
+
+    from sinklib import evals, inject, sink
+    from sinklib.data import load_prompts
+    from sinklib.models import tiny_model
+
+    class CharTokenizer:  # enough of a tokenizer for prompt_batch and recovery_finetune
+        pad_token_id = 0
+
+        def __call__(self, text, add_special_tokens=True, truncation=False, max_length=None):
+            ids = [1] * add_special_tokens + [3 + ord(c) % 120 for c in text]
+            return {"input_ids": ids[:max_length] if truncation and max_length else ids}
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(evals, "run_suites", lambda m, *a, **k: seen.append(m) or "res")
+    monkeypatch.setattr(evals, "results_table", lambda res: [{"suite": "math", "metric": "strict", "score": 50.0}])
+    monkeypatch.setattr(sink, "sink_strength", lambda *a, **k: types.SimpleNamespace(S=0.5))
+    tuned = []
+    real_finetune = inject.recovery_finetune
+    monkeypatch.setattr(inject, "recovery_finetune", lambda m, *a, **k: tuned.append(m) or real_finetune(m, *a, **k))
+    lm = tiny_model("llama", seed=0, vocab_size=128)
+    lm.tokenizer = CharTokenizer()
+    before = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    kw = dict(prompts=load_prompts(4, seed=0), K=2, eval_n={"math": 2}, seed=0, calib_prompts=4, gain_rule="match_rms",
+              recovery_steps=2, recovery_lr=1e-3, recovery_batch_size=2, max_tokens=32, eval_batch_size=2,
+              show_progress=False)
+    rows, err = inject.run_conditions(lm, **kw)
+    assert list(rows) == ["original", "injected", "injected + recovery", "original + recovery"]
+    assert set(err) >= {"top1_agreement"} and len(tuned) == 2 and len(seen) == 4
+    assert type(tuned[0]).__name__ == "Qwen3ForCausalLM" and type(tuned[1]).__name__ == "LlamaForCausalLM"
+    assert tuned[1] is not lm.model and all(torch.equal(before[k], v) for k, v in lm.model.state_dict().items())
+    assert all(len(rows[c]["recovery_loss"]) == 2 for c in ("injected + recovery", "original + recovery"))
+    again, _ = inject.run_conditions(lm, **kw)
+    assert again == rows and len(tuned) == 2 and len(seen) == 4  # everything from the cache
+    only, _ = inject.run_conditions(lm, **{**kw, "recovery_steps": 0})
+    assert list(only) == ["original", "injected"]
