@@ -387,8 +387,8 @@ CHAPTER3_PARAMS = {
     "n_directions": integer(1), "sensitivity_rel": Dependent(_in_rel_changes), "device": text()}
 
 
-from .bound_instances import (DIRECTION_KINDS, Instance, check_instance, first_order_violations,  # noqa: E402
-                              flip_fractions, flip_table, layerwise_coupling, logit_range, null_space_query,
+from .bound_instances import (DIRECTION_KINDS, Instance, check_instance, equalising_gains,  # noqa: E402
+                              first_order_violations, fit_loglog, gain_effect, input_scaling, flip_fractions, flip_table, layerwise_coupling, logit_range, null_space_query,
                               per_head_formula_on_unnormalised, planted_sink_layer, random_direction,
                               random_instance, weak_head_flips, worst_direction)
 from .bound_real import (LayerQK, capture_qk_inputs, head_norms, layer_sensitivity,  # noqa: E402  (uses this module)

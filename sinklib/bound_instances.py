@@ -358,3 +358,55 @@ def null_space_query(generator: torch.Generator, ts, rel: float = 1e-3, d: int =
                          change=float(ch["max"][0, -1].abs()), bound=float(gap_change_bound(**kw)[0, -1]),
                          flipped=bool(torch.sign(g0 + ch["max"][0, -1]) != torch.sign(g0))))
     return pd.DataFrame(rows)
+
+
+def input_scaling(generator: torch.Generator, lams, norm: str = "none", sink_only: bool = False, rel: float = 1e-2,
+                  sizes: dict | None = None) -> pd.DataFrame:
+    """Exercises ch3-ex-sink-only and ch3-ex-eps: one random layer of `norm` (`random_instance`, Gaussian change
+    of relative spectral size ``rel``) whose inputs (or, with ``sink_only``, the sink token's input alone) are
+    scaled by each lambda of ``lams``. -> rows {lam, actual (largest |gap change| over heads, queries and both
+    competitors), bound (largest bound), logit_range (largest over heads)}; `fit_loglog` gives the slopes."""
+    inst = random_instance(generator, norm, 1.0, rel, direction="gaussian",
+                           sizes={"d": 16, "dh": 4, "H": 2, "Hkv": 1, "T": 10, "rope": False, **dict(sizes or {})})
+    rows = []
+    for lam in lams:
+        x = inst.x.clone()
+        if sink_only:
+            x[0] = lam * x[0]
+        else:
+            x = lam * x
+        r = check_instance(Instance(x, inst.wq, inst.wk, inst.dwq, inst.dwk, inst.spec, inst.gq, inst.gk, inst.rope))
+        rows.append({"lam": float(lam), "actual": float(torch.maximum(r["actual_max"], r["actual_lse"]).max()),
+                     "bound": float(r["bound"].max()),
+                     "logit_range": float(logit_range(qk_logits(x, inst.wq, inst.wk, inst.spec, inst.gq, inst.gk)).max())})
+    return pd.DataFrame(rows)
+
+
+def fit_loglog(x, y) -> float:
+    """Least-squares slope of log y against log x (positive values)."""
+    x, y = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def equalising_gains(head_scales: Tensor, head_dim: int, c: float = 1.0) -> Tensor:
+    """Exercise ch3-ex-gains: per-head gains c / (raw head scale) for a layerwise layer, as a flat [H * dh]
+    gain vector (each head's block constant)."""
+    return (c / head_scales.to(torch.float64)).repeat_interleave(head_dim)
+
+
+def gain_effect(x: Tensor, wq: Tensor, wk: Tensor, spec: QKSpec, head_scales: Tensor, rel: float = 0.1) -> pd.DataFrame:
+    """Exercise ch3-ex-gains on Section 3.4's planted layer: each head's logit range, and the largest actual
+    change of the other heads' gaps when only the strongest head's W_Q block grows by ``rel`` (the coupling),
+    with unit gains and with `equalising_gains`. -> rows {gains, head, raw_scale, logit_range, coupled_change}."""
+    if spec.norm != "layerwise":
+        raise ParameterError(f"gain_effect needs a layerwise spec, got {spec.norm!r}")
+    dh, rows = spec.head_dim, []
+    dq = torch.zeros_like(wq)
+    dq[-dh:] = rel * wq[-dh:]
+    for name, g in (("unit", None), ("equalising", equalising_gains(head_scales, dh))):
+        rng = logit_range(qk_logits(x, wq, wk, spec, g, g))
+        moved = gap_changes(x, wq, wk, dq, torch.zeros_like(wk), spec, g, g)["max"].abs().amax(-1)
+        for h in range(spec.n_heads):
+            rows.append({"gains": name, "head": h, "raw_scale": float(head_scales[h]), "logit_range": float(rng[h]),
+                         "coupled_change": float(moved[h]) if h < spec.n_heads - 1 else float("nan")})
+    return pd.DataFrame(rows)

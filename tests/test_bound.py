@@ -389,3 +389,34 @@ def test_measure_real_model_and_summary():
     summary = real_models_summary(pd.DataFrame(out["sensitivity"]), ["tiny"])
     assert summary["tiny"]["cells"] == 2 * n_caught and summary["tiny"]["violations"] == 0
     assert 0 < summary["tiny"]["median_tightness"] <= summary["tiny"]["max_tightness"] <= 1
+
+
+def test_input_scaling_slopes_of_the_exercises():
+    """ch3-ex-sink-only: without QK-norm the change and the bound grow like lambda when only the sink's input
+    grows; ch3-ex-eps: with per-head norm and tiny inputs everything scales like lambda^2."""
+    from sinklib.bound import fit_loglog, input_scaling
+
+    sink = input_scaling(torch.Generator().manual_seed(1), np.logspace(2, 4, 5), norm="none", sink_only=True)
+    assert list(sink.columns) == ["lam", "actual", "bound", "logit_range"]
+    assert (sink.actual <= sink.bound * (1 + 1e-9)).all()
+    assert fit_loglog(sink.lam, sink.actual) == pytest.approx(1.0, abs=0.1)
+    assert fit_loglog(sink.lam, sink.bound) == pytest.approx(1.0, abs=0.1)
+    tiny = input_scaling(torch.Generator().manual_seed(1), np.logspace(-7, -5, 3), norm="per_head", sizes={"eps": 1e-6})
+    for col in ("actual", "bound", "logit_range"):
+        assert fit_loglog(tiny.lam, tiny[col]) == pytest.approx(2.0, abs=0.05), col
+    assert fit_loglog([1, 10, 100], [3, 30, 300]) == pytest.approx(1.0)
+
+
+def test_equalising_gains_undo_the_compression_but_not_the_coupling():
+    from sinklib.bound import QKSpec, equalising_gains, gain_effect, planted_sink_layer
+
+    hs = torch.logspace(-1.5, 0, 5, dtype=torch.float64)
+    assert torch.allclose(equalising_gains(hs, 3).view(5, 3), (1 / hs)[:, None].expand(5, 3))
+    x, wq, wk = planted_sink_layer(torch.Generator().manual_seed(0), hs)
+    g = gain_effect(x, wq, wk, QKSpec("layerwise", 5, 5, 16, 0.25, 1e-6), hs)
+    unit, eq = (g[g.gains == k].set_index("head") for k in ("unit", "equalising"))
+    spread = lambda r: r.logit_range.max() / r.logit_range.min()  # noqa: E731
+    assert spread(unit) > 100 and spread(eq) < 3  # compressed weak heads, then about equal
+    assert (eq.coupled_change.iloc[:-1] > 0).all() and np.isnan(eq.coupled_change.iloc[-1])  # coupling remains
+    with pytest.raises(ParameterError, match="layerwise"):
+        gain_effect(x, wq, wk, QKSpec("per_head", 5, 5, 16, 0.25, 1e-6), hs)

@@ -5,16 +5,9 @@ at initialisation), and are the base scores inside 20-95 % on every suite?
 
 Training and evaluation are cached by their parameters (a rerun only reads the cache).
 
-Where the search stands (`PILOT_TRIALS`, every configuration with its numbers in `trial_table`): no
-configuration tried raises S clearly above its initial value. Individual sink heads do form: with
-training-only Bigram-Backcopy chain drills (30 % of documents) and 8 heads of 16 dimensions, the 'none'
-variant grows heads with 0.5-0.84 mean first-token attention (5 of 32 heads above Gu et al.'s eps = 0.3
-after 2000 steps, none in the first pilot), but S, the median over all heads of all 4 layers, moves by
-+0.1 at most (-2.45 -> -2.35), because most heads stay local (first-token mass 0.01-0.1). The
-QK-normalised variants grow the sink token's massive activation (hidden-state norm 6-7x the other tokens'
-in layers 2-3) without the attention following it (per_head, 2000 steps: S -2.40 -> -2.61, max head
-0.24). The one configuration that raised S by +0.6 (lr 2e-2) broke the model (every format score 0).
-The layerwise 2000-step run was stopped unfinished (CPU shared with another job); it is not cached.
+Every configuration tried on the way to a sink is listed in `PILOT_TRIALS`, in the order tried, and
+`trial_table` recomputes their numbers (S at initialisation and after training, the largest first-token
+mass of any head, scores) from the cache; the chapter shows that table, so no result is written here.
 """
 from __future__ import annotations
 
