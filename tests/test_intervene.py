@@ -1,0 +1,154 @@
+"""The sink intervention equals an explicit eager computation (each architecture's own eager attention with
+a per-head additive mask on the sink column), on tiny random models with GQA, sliding windows, softcapping
+and left padding; the mass-matched control takes the same mass from another key."""
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from sinklib import intervene, sink
+from sinklib.errors import ParameterError
+from sinklib.models import tiny_model
+
+ARCHS = ["llama", "qwen3", "gemma3", "olmo2"]  # GQA no-norm, per-head QK-norm, sliding window + QK-norm, layerwise
+REF_NAME = "sinkbook_test_reference"
+
+
+def _batch(seed=0, lengths=(12, 7, 10), side="right"):
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(3, 128, (n,), generator=g).tolist() for n in lengths]
+    return sink.pad_batch(seqs, 0, side)
+
+
+def _reference_logits(model, ids, att, heads: dict, sink_index, add: float):
+    """Transformers' own eager attention of each module, with `add` (-inf or a shift) added to the sink column
+    of the chosen heads for every query after the sink."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    def ref(module, query, key, value, attention_mask, **kw):
+        eager = importlib.import_module(type(module).__module__).eager_attention_forward
+        layer = module.layer_idx
+        b, h, tq, _ = query.shape
+        tk = key.shape[2]
+        m = attention_mask[:, :, :, :tk].expand(b, h, tq, tk).clone()
+        for hh in heads.get(layer, []):
+            for r in range(b):
+                s = int(sink_index[r])
+                m[r, hh, s + 1:, s] += add
+        return eager(module, query, key, value, m, **kw)
+
+    AttentionInterface.register(REF_NAME, ref)
+    AttentionMaskInterface.register(REF_NAME, eager_mask)
+    prev = model.config._attn_implementation
+    model.set_attn_implementation(REF_NAME)
+    try:
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=att).logits
+    finally:
+        model.set_attn_implementation(prev)
+
+
+def _intervened_logits(model, ids, att, heads, sink_index, **kw):
+    with torch.no_grad(), intervene.sink_intervention(model, heads, sink_index, **kw) as plan:
+        return model(input_ids=ids, attention_mask=att).logits, plan
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("mode,add", [("remove", float("-inf")), ("shift", -2.5), ("shift", 1.5)])
+def test_intervention_equals_eager_reference(arch, side, mode, add):
+    lm = tiny_model(arch, seed=1)
+    ids, att = _batch(side=side)
+    sink_index = att.argmax(dim=1)
+    heads = {0: [1], 2: [0, 3], 3: [2]}
+    kw = {"shift": add} if mode == "shift" else {}
+    out, plan = _intervened_logits(lm.model, ids, att, heads, sink_index, mode=mode, chunk=5, **kw)
+    ref = _reference_logits(lm.model, ids, att, heads, sink_index, add)
+    m = att.bool()
+    assert (out - ref)[m].abs().max().item() <= 1e-4
+    with torch.no_grad():
+        plain = lm.model(input_ids=ids, attention_mask=att).logits
+    assert (out - plain)[m].abs().max().item() > 1e-3  # it did something
+    assert set(plan.removed) == {0, 2, 3} and plan.removed[2][:, [1, 2]].abs().max() == 0  # other heads untouched
+    if mode == "remove":
+        assert plan.removed[0][:, 1].max() > 0 and plan.removed[0].min() >= 0
+    assert lm.model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_softcapped_model_and_empty_plan():
+    lm = tiny_model("gemma3", seed=3, attn_logit_softcapping=5.0)
+    ids, att = _batch(side="left")
+    sink_index = att.argmax(dim=1)
+    heads = {1: [0, 1, 2, 3]}
+    out, _ = _intervened_logits(lm.model, ids, att, heads, sink_index, mode="remove")
+    ref = _reference_logits(lm.model, ids, att, heads, sink_index, float("-inf"))
+    m = att.bool()
+    assert (out - ref)[m].abs().max().item() <= 1e-4
+    lm2 = tiny_model("llama", seed=4)
+    ids, att = _batch()
+    with torch.no_grad():
+        plain = lm2.model(input_ids=ids, attention_mask=att).logits
+    for plan_heads, kw in (({}, {"mode": "remove"}), ({0: [0, 1], 3: [2]}, {"mode": "shift", "shift": 0.0})):
+        out, _ = _intervened_logits(lm2.model, ids, att, plan_heads, att.argmax(dim=1), **kw)
+        assert (out - plain)[att.bool()].abs().max().item() <= 1e-5  # nothing, or a zero shift, changes nothing
+
+
+def test_remove_matched_takes_the_sink_mass_from_the_top_other_key():
+    g = torch.Generator().manual_seed(0)
+    b, h, c, tk = 2, 3, 5, 6
+    logits = torch.randn(b, h, c, tk, generator=g) * 2
+    q_pos = torch.arange(1, 6)
+    allowed = (torch.arange(tk)[None, :] <= q_pos[:, None])[None, None]
+    logits = logits.masked_fill(~allowed, torch.finfo(torch.float32).min)
+    sink_idx = torch.tensor([0, 1])
+    heads = torch.tensor([True, False, True])
+    probs, m = intervene.adjust_logits_and_probs(logits, allowed, heads, sink_idx, q_pos, "remove_matched")
+    base = torch.softmax(logits, -1)
+    rem, m_rem = intervene.adjust_logits_and_probs(logits, allowed, heads, sink_idx, q_pos, "remove")
+    assert torch.allclose(probs.sum(-1), torch.ones(b, h, c), atol=1e-6) and (probs >= -1e-7).all()
+    assert torch.equal(probs[:, 1], base[:, 1]) and (m[:, 1] == 0).all()   # head 1 not in the plan
+    assert (m[1, :, 0] == 0).all() and (m_rem[1, :, 0] == 0).all()         # query 1 of row 1 is the sink itself
+    for r in range(b):
+        s = int(sink_idx[r])
+        for hh in (0, 2):
+            for i in range(c):
+                if q_pos[i] <= s:
+                    continue
+                p = base[r, hh, i].clone()
+                p_s = float(p[s])
+                other = p.clone(); other[s] = -1; other[~allowed[0, 0, i]] = -1
+                j = int(other.argmax())
+                take = min(p_s, float(p[j]))
+                assert float(m[r, hh, i]) == pytest.approx(take, abs=1e-6)
+                assert float(m_rem[r, hh, i]) == pytest.approx(p_s, abs=1e-6)   # remove takes the whole sink mass
+                expect = p.clone(); expect[j] -= take; expect /= 1 - take
+                assert torch.allclose(probs[r, hh, i], expect, atol=1e-6)
+                assert float(probs[r, hh, i, s]) >= p_s - 1e-6                  # the sink keeps (or gains) its mass
+                assert float(rem[r, hh, i, s]) == 0.0
+
+
+def test_head_selection_and_errors():
+    mass = np.array([[0.1, 0.9, 0.2], [0.8, 0.3, 0.95], [0.5, 0.5, 0.05]])
+    assert intervene.heads_by_sink_mass(mass, [1, 2], 0.5) == {1: [0, 2], 2: [0]}
+    assert intervene.heads_by_sink_mass(mass, [0, 1, 2], 0.0) == {}
+    assert sum(map(len, intervene.heads_by_sink_mass(mass, [0, 1, 2], 1.0).values())) == 9
+    r = intervene.random_heads([1, 2], 3, 4, seed=0)
+    assert sum(map(len, r.values())) == 4 and set(r) <= {1, 2} and r == intervene.random_heads([1, 2], 3, 4, seed=0)
+    plan = intervene.head_plan({1: [2]}, 3, 3)
+    assert list(plan) == [1] and plan[1].tolist() == [False, False, True]
+    assert list(intervene.head_plan(mass > 0.85, 3, 3)) == [0, 1]
+    with pytest.raises(ParameterError, match="'k'"):
+        intervene.random_heads([0], 3, 4)
+    with pytest.raises(ParameterError, match="layer 5"):
+        intervene.head_plan({5: [0]}, 3, 3)
+    with pytest.raises(ParameterError, match="head 7"):
+        intervene.head_plan({0: [7]}, 3, 3)
+    with pytest.raises(ParameterError, match="shape"):
+        intervene.head_plan(np.ones((2, 3), bool), 3, 3)
+    lm = tiny_model("llama", seed=0)
+    with pytest.raises(ParameterError, match="'mode'"):
+        with intervene.sink_intervention(lm.model, {0: [0]}, torch.zeros(1, dtype=torch.long), mode="zero"):
+            pass
+    assert lm.model.config._attn_implementation == "sdpa"
