@@ -34,7 +34,7 @@ MODES = ("remove", "shift", "remove_matched")
 @dataclass
 class _Plan:
     heads: dict[int, torch.Tensor]           # layer -> bool [H]: the intervened heads
-    sink_index: torch.Tensor                 # [B] key position of the sink in each row
+    sink_index: torch.Tensor | None          # [B] key position of the sink in each row (None: from the mask)
     mode: str
     shift: float
     chunk: int
@@ -153,21 +153,36 @@ def head_plan(heads: Mapping[int, Sequence[int]] | torch.Tensor | np.ndarray, n_
     return plan
 
 
+def _first_real_token(module, args, kwargs) -> None:
+    """Forward pre-hook on the trunk: the sink of each row is its first real token (the 2-D attention mask
+    covers the cached keys too, so this holds at every decoding step)."""
+    mask = kwargs.get("attention_mask")
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    ref = ids if ids is not None else kwargs.get("inputs_embeds")
+    if mask is not None and mask.ndim == 2:
+        _ACTIVE.sink_index = mask.long().argmax(dim=1)
+    elif ref is not None:
+        _ACTIVE.sink_index = torch.zeros(ref.shape[0], dtype=torch.long, device=ref.device)
+
+
 @contextlib.contextmanager
-def sink_intervention(model, heads, sink_index: torch.Tensor, mode: str = "remove", shift: float = 0.0,
-                      chunk: int = 256):
+def sink_intervention(model, heads, sink_index: torch.Tensor | None = None, mode: str = "remove",
+                      shift: float = 0.0, chunk: int = 256):
     """Context in which forward passes of ``model`` apply the intervention to ``heads`` ({layer: [head, ...]}
-    or bool [L, H]). sink_index [B]: key position of the sink per row. Yields the plan; ``plan.removed[l]``
-    is the attention mass taken [B, H, T] after a forward pass."""
+    or bool [L, H]). sink_index [B]: key position of the sink per row; None (the default): each row's first
+    real token, read from the attention mask of every forward pass (so `sinklib.evals` and ``generate`` run
+    unchanged inside the context). Yields the plan; ``plan.removed[l]`` is the mass taken [B, H, T] by the
+    last forward pass."""
     global _ACTIVE
-    from .anatomy import n_layers
+    from .anatomy import n_layers, trunk
 
     mode = check_choice("mode", mode, MODES)
     shift = check_float("shift", shift, -1e4, 1e4)
     register_intervention()
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    plan = _Plan(heads=head_plan(heads, n_layers(model), cfg.num_attention_heads), sink_index=sink_index.long(),
-                 mode=mode, shift=shift, chunk=chunk)
+    plan = _Plan(heads=head_plan(heads, n_layers(model), cfg.num_attention_heads),
+                 sink_index=None if sink_index is None else sink_index.long(), mode=mode, shift=shift, chunk=chunk)
+    hook = trunk(model).register_forward_pre_hook(_first_real_token, with_kwargs=True) if sink_index is None else None
     prev = model.config._attn_implementation
     model.set_attn_implementation(INTERVENE_NAME)
     _ACTIVE = plan
@@ -176,6 +191,8 @@ def sink_intervention(model, heads, sink_index: torch.Tensor, mode: str = "remov
     finally:
         _ACTIVE = None
         model.set_attn_implementation(prev)
+        if hook is not None:
+            hook.remove()
 
 
 def heads_by_sink_mass(mass, layers: Sequence[int], fraction: float) -> dict[int, list[int]]:

@@ -152,3 +152,30 @@ def test_head_selection_and_errors():
         with intervene.sink_intervention(lm.model, {0: [0]}, torch.zeros(1, dtype=torch.long), mode="zero"):
             pass
     assert lm.model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_sink_from_the_mask_and_cached_decoding(arch):
+    """sink_index=None reads each row's first real token from the mask, at prefill and at every cached
+    decoding step: greedy generation with the KV cache equals a greedy loop that recomputes everything."""
+    lm = tiny_model(arch, seed=5)
+    ids, att = _batch(side="left")
+    heads = {1: [0, 2], 3: [1]}
+    explicit, _ = _intervened_logits(lm.model, ids, att, heads, att.argmax(dim=1), mode="remove")
+    auto, _ = _intervened_logits(lm.model, ids, att, heads, None, mode="remove")
+    assert torch.equal(explicit, auto)
+    steps = 5
+    with torch.no_grad(), intervene.sink_intervention(lm.model, heads, mode="remove"):
+        gen = lm.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=steps, do_sample=False,
+                                pad_token_id=0, eos_token_id=None, use_cache=True)
+        seq, mask = ids.clone(), att.clone()
+        for _ in range(steps):
+            pos = (mask.cumsum(1) - 1).clamp(min=0)
+            nxt = lm.model(input_ids=seq, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -1].argmax(-1)
+            seq = torch.cat([seq, nxt[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    assert torch.equal(gen[:, ids.shape[1]:], seq[:, ids.shape[1]:])
+    with torch.no_grad():
+        plain = lm.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=steps, do_sample=False,
+                                  pad_token_id=0, eos_token_id=None)
+    assert not torch.equal(plain, gen)  # the intervention changed some generated token
