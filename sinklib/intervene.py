@@ -38,7 +38,14 @@ class _Plan:
     mode: str
     shift: float
     chunk: int
-    removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Tq] mass taken
+    removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Tq] mass taken (last pass)
+    taken_sum: float = 0.0                   # mass taken, summed over every pass, intervened head and query
+    taken_n: int = 0                         # the (head, query) entries it is summed over
+
+    @property
+    def mean_taken(self) -> float:
+        """Mean attention mass taken per intervened (head, query) over every forward pass so far."""
+        return self.taken_sum / self.taken_n if self.taken_n else 0.0
 
 
 _ACTIVE: _Plan | None = None
@@ -119,6 +126,10 @@ def intervene_attention(module, query, key, value, attention_mask, dropout: floa
         out[:, :, rows] = torch.matmul(probs, v)
         taken[:, :, rows] = m
     plan.removed[layer] = taken
+    q_all = torch.arange(tq, device=query.device) + (tk - tq)
+    active = (q_all[None, :] > sink[:, None]).sum().item() * int(heads.sum())
+    plan.taken_sum += float(taken.sum())
+    plan.taken_n += int(active)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

@@ -242,6 +242,21 @@ def paired_ci(base: Sequence[float], other: Sequence[float], *, n_boot: int = 20
     return bootstrap_ratio_interval((b - a) * 100, np.ones_like(a), n_boot=n_boot, seed=seed, level=level)
 
 
+def mcnemar_exact(base: Sequence[Any], other: Sequence[Any]) -> dict:
+    """Exact McNemar test of two pass/fail outcome lists on the same items: the two-sided binomial test of
+    the discordant pairs (b = passed by base only, c = passed by other only) against p = 1/2.
+    -> {"b", "c", "p"} (p = 1 when no item is discordant)."""
+    from scipy.stats import binomtest
+
+    a, o = [bool(x) for x in base], [bool(x) for x in other]
+    if len(a) != len(o) or not a:
+        raise ParameterError(f"mcnemar_exact needs two equally long non-empty outcome lists, got {len(a)} and {len(o)}")
+    b = sum(x and not y for x, y in zip(a, o))
+    c = sum(y and not x for x, y in zip(a, o))
+    p = 1.0 if b + c == 0 else float(binomtest(c, b + c, 0.5, alternative="two-sided").pvalue)
+    return {"b": int(b), "c": int(c), "p": p}
+
+
 def paired_ppl_ci(base_nll: Sequence[float], other_nll: Sequence[float], n_tokens: Sequence[int], *,
                   n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of ppl(other) - ppl(base) over shared documents (resampled together)."""

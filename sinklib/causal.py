@@ -1,0 +1,122 @@
+"""Chapter 8's causal tests (in progress, #14), on top of `sinklib.intervene`: the text suites evaluated with
+chosen sink heads ablated (cached by their parameters, per-item outcomes kept), paired tests of every change
+against the unablated model (exact McNemar for pass/fail metrics, a paired bootstrap interval for every
+metric), and the dose-response plan with its two controls at each dose: the same number of random heads,
+and the same sink heads losing the same attention mass from their most-attended other key instead
+(`remove_matched`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import evals, intervene
+from .cache import cached_json
+from .errors import ParameterError
+from .evals.grading import mcnemar_exact, paired_ci, paired_ppl_ci
+from .params import check_float
+
+CAUSAL_VERSION = 1
+#: the pass/fail metrics kept per item (suite, per-item field); perplexity keeps NLL and token counts
+PASS_FAIL = (("instructions", "strict"), ("instructions", "lenient"), ("math", "strict"), ("math", "lenient"),
+             ("knowledge", "acc"))
+CONTROLS = ("sink", "random", "matched")
+
+
+def outcomes(results: Mapping[str, Any]) -> dict:
+    """Per-item outcomes of `evals.run_suites` results: {'suite metric': [bool, ...]} for `PASS_FAIL`, and
+    'perplexity': {'nll': [...], 'n_tokens': [...]} per document (same item order as the suite's sample)."""
+    out: dict = {}
+    for suite, metric in PASS_FAIL:
+        if suite in results:
+            out[f"{suite} {metric}"] = [bool(p[metric]) for p in results[suite].per_item]
+    if "perplexity" in results:
+        per = results["perplexity"].per_item
+        out["perplexity"] = {"nll": [float(p["nll"]) for p in per], "n_tokens": [int(p["n_tokens"]) for p in per]}
+    return out
+
+
+def _heads_key(heads: Mapping[int, Sequence[int]] | None) -> dict[str, list[int]]:
+    return {str(int(l)): sorted(int(h) for h in hs) for l, hs in sorted((heads or {}).items()) if len(hs)}
+
+
+def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode: str = "remove", shift: float = 0.0,
+             eval_n: Mapping[str, int], seed: int = 0, eval_batch_size: int = 8, tag: str = "") -> dict:
+    """The suites of `eval_n` on `lm` (sinklib.models.Loaded) with `heads` ({layer: [head, ...]}; None or empty:
+    the unablated model) under the intervention `mode`; cached under `causal/`. -> {'scores' (rows of
+    evals.results_table), 'outcomes' (`outcomes`), 'mean_mass_taken' (per intervened head and query),
+    'n_heads'}."""
+    key = {"kind": "causal", "model": lm.name, "weights": lm.weights_sha256, "heads": _heads_key(heads),
+           "mode": mode if heads else "none", "shift": float(shift) if heads and mode == "shift" else 0.0,
+           "eval_n": dict(eval_n), "seed": int(seed), "batch": int(eval_batch_size), "tag": tag,
+           "version": CAUSAL_VERSION}
+
+    def compute() -> dict:
+        ctx = (intervene.sink_intervention(lm.model, heads, mode=mode, shift=shift) if key["heads"]
+               else contextlib.nullcontext(None))
+        with ctx as plan:
+            res = evals.run_suites(lm.model, lm.tokenizer, suites=tuple(k for k, v in eval_n.items() if v),
+                                   n_items=dict(eval_n), seed=seed, batch_size=eval_batch_size)
+        return {"scores": evals.results_table(res), "outcomes": outcomes(res),
+                "mean_mass_taken": plan.mean_taken if plan is not None else 0.0,
+                "n_heads": sum(len(v) for v in key["heads"].values())}
+
+    return cached_json(key, compute, folder="causal")
+
+
+def paired_changes(base: Mapping, other: Mapping, *, seed: int = 0) -> list[dict]:
+    """Every metric's change from `base` to `other` (two `evaluate` results on the same items): score before
+    and after (%, perplexity in nats-per-token exp), change, its paired bootstrap 95 % interval and, for
+    pass/fail metrics, the exact McNemar p-value. -> rows {metric, base, other, change, lo, hi, p}."""
+    rows = []
+    bo, oo = base["outcomes"], other["outcomes"]
+    for name in bo:
+        if name not in oo:
+            continue
+        if name == "perplexity":
+            b, o = bo[name], oo[name]
+            if b["n_tokens"] != o["n_tokens"]:
+                raise ParameterError("paired_changes: the two perplexity runs scored different documents")
+            ppl = lambda d: float(np.exp(sum(d["nll"]) / sum(d["n_tokens"])))  # noqa: E731
+            lo, hi = paired_ppl_ci(b["nll"], o["nll"], b["n_tokens"], seed=seed)
+            rows.append({"metric": "perplexity ppl", "base": ppl(b), "other": ppl(o), "change": ppl(o) - ppl(b),
+                         "lo": lo, "hi": hi, "p": float("nan")})
+            continue
+        b, o = bo[name], oo[name]
+        if len(b) != len(o):
+            raise ParameterError(f"paired_changes: {name} has {len(b)} items in one run and {len(o)} in the other")
+        lo, hi = paired_ci(b, o, seed=seed)
+        rows.append({"metric": name, "base": 100 * float(np.mean(b)), "other": 100 * float(np.mean(o)),
+                     "change": 100 * (float(np.mean(o)) - float(np.mean(b))), "lo": lo, "hi": hi,
+                     "p": mcnemar_exact(b, o)["p"]})
+    return rows
+
+
+def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed: int = 0,
+               controls: Sequence[str] = CONTROLS) -> list[dict]:
+    """The conditions of a dose-response curve: at each fraction of the (layer, head) pairs of `layers`, the
+    heads with the most sink mass (`sink`, mode remove), as many random heads (`random`, remove; seed + the
+    dose's index) and the same sink heads under `remove_matched` (`matched`). Fraction 0 is one 'none' row.
+    -> rows {dose, k, control, mode, heads}."""
+    bad = [c for c in controls if c not in CONTROLS]
+    if bad:
+        raise ParameterError(f"parameter 'controls' has {bad}; allowed: {', '.join(CONTROLS)}")
+    m = np.asarray(mass, dtype=float)
+    n = len(layers) * m.shape[1]
+    rows = []
+    for i, f in enumerate(fractions):
+        f = check_float("fractions[]", f, 0.0, 1.0)
+        top = intervene.heads_by_sink_mass(m, layers, f)
+        k = sum(map(len, top.values()))
+        if k == 0:
+            rows.append({"dose": f, "k": 0, "control": "none", "mode": "none", "heads": {}})
+            continue
+        plans = {"sink": ("remove", top), "random": ("remove", intervene.random_heads(layers, m.shape[1], k, seed + i)),
+                 "matched": ("remove_matched", top)}
+        rows += [{"dose": f, "k": k, "control": c, "mode": plans[c][0], "heads": plans[c][1]} for c in controls]
+    if not any(r["k"] == 0 for r in rows) and n:
+        rows.insert(0, {"dose": 0.0, "k": 0, "control": "none", "mode": "none", "heads": {}})
+    return rows

@@ -1,0 +1,113 @@
+"""Chapter 8's causal-test helpers: per-item outcomes, paired changes, dose plans, cached evaluation under an
+intervention; the exact McNemar test."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sinklib import causal, evals, intervene
+from sinklib.errors import ParameterError
+from sinklib.evals.grading import mcnemar_exact
+from sinklib.models import tiny_model
+
+
+def test_mcnemar_exact_known_values():
+    assert mcnemar_exact([1] * 5, [0] * 5) == {"b": 5, "c": 0, "p": pytest.approx(2 / 32)}
+    assert mcnemar_exact([1, 0, 1, 0], [0, 1, 1, 0])["p"] == 1.0
+    assert mcnemar_exact([1, 1], [1, 1]) == {"b": 0, "c": 0, "p": 1.0}
+    r = mcnemar_exact([0] * 10 + [1] * 5, [1] * 10 + [1] * 5)  # 10 discordant, all one way
+    assert r["c"] == 10 and r["p"] == pytest.approx(2 * 0.5 ** 10)
+    with pytest.raises(ParameterError, match="equally long"):
+        mcnemar_exact([1], [1, 0])
+
+
+def _fake(scores: dict[str, list[bool]], nll=(2.0, 3.0), ntok=(2, 3)):
+    per_i = [{"strict": s, "lenient": l} for s, l in zip(scores["is"], scores["il"])]
+    per_k = [{"acc": a, "acc_norm": a} for a in scores["k"]]
+    per_p = [{"nll": a, "n_tokens": n} for a, n in zip(nll, ntok)]
+    mk = lambda suite, per: evals.SuiteResult(suite, len(per), {}, {}, per, 0.0)  # noqa: E731
+    return {"instructions": mk("instructions", per_i), "knowledge": mk("knowledge", per_k),
+            "perplexity": mk("perplexity", per_p)}
+
+
+def test_outcomes_and_paired_changes():
+    base = {"outcomes": causal.outcomes(_fake({"is": [1, 1, 0, 1], "il": [1, 1, 1, 1], "k": [1, 0, 1, 1]}))}
+    other = {"outcomes": causal.outcomes(_fake({"is": [0, 0, 0, 1], "il": [1, 1, 1, 1], "k": [1, 0, 1, 1]},
+                                               nll=(4.0, 3.0)))}
+    assert base["outcomes"]["instructions strict"] == [True, True, False, True]
+    assert set(base["outcomes"]) == {"instructions strict", "instructions lenient", "knowledge acc", "perplexity"}
+    rows = {r["metric"]: r for r in causal.paired_changes(base, other)}
+    s = rows["instructions strict"]
+    assert s["base"] == 75 and s["other"] == 25 and s["change"] == -50 and s["lo"] <= -50 <= s["hi"]
+    assert s["p"] == pytest.approx(0.5)  # 2 discordant, both one way: 2 * 0.25
+    assert rows["knowledge acc"]["change"] == 0 and rows["knowledge acc"]["p"] == 1.0
+    p = rows["perplexity ppl"]
+    assert p["base"] == pytest.approx(math.exp(1.0)) and p["other"] == pytest.approx(math.exp(7 / 5))
+    assert p["lo"] <= p["change"] <= p["hi"] and math.isnan(p["p"])
+    short = {"outcomes": {"knowledge acc": [True]}}
+    with pytest.raises(ParameterError, match="knowledge acc"):
+        causal.paired_changes(base, short)
+
+
+def test_dose_plans():
+    mass = np.array([[0.1, 0.9], [0.8, 0.3], [0.5, 0.95]])
+    rows = causal.dose_plans(mass, [1, 2], [0.0, 0.5, 1.0], seed=3)
+    assert [(r["dose"], r["control"]) for r in rows] == [(0.0, "none"), (0.5, "sink"), (0.5, "random"),
+                                                         (0.5, "matched"), (1.0, "sink"), (1.0, "random"),
+                                                         (1.0, "matched")]
+    half = {r["control"]: r for r in rows if r["dose"] == 0.5}
+    assert half["sink"]["heads"] == {1: [0], 2: [1]} and half["sink"]["k"] == 2
+    assert half["matched"]["heads"] == half["sink"]["heads"] and half["matched"]["mode"] == "remove_matched"
+    assert sum(map(len, half["random"]["heads"].values())) == 2
+    assert causal.dose_plans(mass, [2], [0.5])[0]["control"] == "none"  # a 'none' row is always there
+    with pytest.raises(ParameterError, match="controls"):
+        causal.dose_plans(mass, [1], [0.5], controls=("zero",))
+
+
+def test_evaluate_runs_the_suites_inside_the_intervention_and_caches(monkeypatch, tmp_path):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    seen = []
+
+    def fake_run_suites(model, tok, suites, n_items, seed, batch_size):
+        seen.append(model.config._attn_implementation)
+        ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        return _fake({"is": [1, 0], "il": [1, 1], "k": [1, 1]})
+
+    monkeypatch.setattr(evals, "run_suites", fake_run_suites)
+    kw = dict(eval_n={"instructions": 2, "knowledge": 2, "perplexity": 2}, seed=0, eval_batch_size=2)
+    base = causal.evaluate(lm, None, **kw)
+    abl = causal.evaluate(lm, {3: [0, 1, 2, 3]}, **kw)
+    assert seen == ["sdpa", intervene.INTERVENE_NAME] and lm.model.config._attn_implementation == "sdpa"
+    assert base["mean_mass_taken"] == 0.0 and base["n_heads"] == 0
+    assert 0 < abl["mean_mass_taken"] <= 1 and abl["n_heads"] == 4
+    matched = causal.evaluate(lm, {3: [0, 1, 2, 3]}, mode="remove_matched", **kw)
+    assert 0 < matched["mean_mass_taken"] <= abl["mean_mass_taken"] + 1e-9  # at most the sink's mass
+    again = causal.evaluate(lm, {3: [0, 1, 2, 3]}, **kw)
+    assert again == abl and len(seen) == 3  # cached: no fourth run
+
+
+@pytest.mark.slow
+def test_ablating_sink_heads_of_smollm2_end_to_end(smollm2, monkeypatch, tmp_path):
+    """The real suites run inside the intervention (generation with the KV cache, likelihoods, perplexity):
+    the most sink-heavy heads of the last layers lose much of their attention mass, and perplexity rises."""
+    from sinklib import sink
+    from sinklib.data import load_prompts
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    res = sink.sink_strength(smollm2.model, load_prompts(4, seed=0), tokenizer=smollm2.tokenizer, last_k_layers=4,
+                             all_layers=True, max_tokens=32)
+    L = res.mass.shape[0]
+    heads = intervene.heads_by_sink_mass(res.mass, list(range(L - 4, L)), 0.5)
+    kw = dict(eval_n={"math": 2, "knowledge": 6, "perplexity": 2}, seed=0, eval_batch_size=4)
+    base = causal.evaluate(smollm2, None, **kw)
+    abl = causal.evaluate(smollm2, heads, **kw)
+    assert abl["n_heads"] == sum(map(len, heads.values())) > 0
+    assert abl["mean_mass_taken"] > 0.1
+    rows = {r["metric"]: r for r in causal.paired_changes(base, abl)}
+    assert set(rows) == {"math strict", "math lenient", "knowledge acc", "perplexity ppl"}
+    assert rows["perplexity ppl"]["change"] > 0
+    assert smollm2.model.config._attn_implementation == "sdpa"
