@@ -120,3 +120,32 @@ def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed:
     if not any(r["k"] == 0 for r in rows) and n:
         rows.insert(0, {"dose": 0.0, "k": 0, "control": "none", "mode": "none", "heads": {}})
     return rows
+
+
+class FirstToken:
+    """The natural ablation of a BOS-tied sink: a tokenizer whose encodings start with token `first` instead
+    of the model's BOS (None: no special first token at all). Any leading BOS id that the wrapped tokenizer
+    adds, or that its chat template writes, is removed first; `bos_token_id` reports `first`, so the
+    perplexity suite conditions each document on it (or on EOS when None). Everything else is the wrapped
+    tokenizer's (decoding, padding, chat template)."""
+
+    def __init__(self, tokenizer: Any, first: int | None):
+        self._tok = tokenizer
+        self._bos = getattr(tokenizer, "bos_token_id", None)
+        self.first = first
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.first
+
+    def __call__(self, text: str, **kw) -> dict:
+        if not isinstance(text, str):
+            raise ParameterError("FirstToken encodes one string at a time (as sinklib.evals does)")
+        ids = list(self._tok(text, **kw)["input_ids"])
+        while ids and self._bos is not None and ids[0] == self._bos:
+            ids = ids[1:]
+        ids = ([self.first] if self.first is not None else []) + ids
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)

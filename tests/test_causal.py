@@ -111,3 +111,44 @@ def test_ablating_sink_heads_of_smollm2_end_to_end(smollm2, monkeypatch, tmp_pat
     assert set(rows) == {"math strict", "math lenient", "knowledge acc", "perplexity ppl"}
     assert rows["perplexity ppl"]["change"] > 0
     assert smollm2.model.config._attn_implementation == "sdpa"
+
+
+class _Tok:
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = [1] * add_special_tokens + [10 + ord(c) % 50 for c in text]
+        return {"input_ids": ids}
+
+    def decode(self, ids, **kw):
+        return "decoded"
+
+
+def test_first_token_replaces_or_drops_the_bos():
+    t = _Tok()
+    plain = t("ab")["input_ids"]
+    none = causal.FirstToken(t, None)
+    assert none("ab")["input_ids"] == plain[1:] and none.bos_token_id is None
+    assert none("ab", add_special_tokens=False)["input_ids"] == plain[1:]
+    other = causal.FirstToken(t, 7)
+    assert other("ab")["input_ids"] == [7] + plain[1:] and other.bos_token_id == 7
+    assert other.decode([1, 2]) == "decoded" and other.eos_token_id == 2 and other.pad_token_id == 0
+    assert causal.FirstToken(t, 1)("ab")["input_ids"] == plain  # BOS as the first token: unchanged
+    with pytest.raises(ParameterError, match="one string"):
+        none(["a", "b"])
+
+
+@pytest.mark.slow
+def test_gemma3_without_bos_loses_its_sink(gemma3):
+    """Chapter 1's finding through the wrapper: Gemma-3's sink is tied to BOS."""
+    from sinklib import sink
+    from sinklib.data import load_prompts
+
+    prompts = load_prompts(4, seed=0)
+    kw = dict(last_k_layers=6, max_tokens=32)
+    with_bos = sink.sink_strength(gemma3.model, prompts, tokenizer=gemma3.tokenizer, **kw)
+    no_bos = sink.sink_strength(gemma3.model, prompts, tokenizer=causal.FirstToken(gemma3.tokenizer, None), **kw)
+    written = gemma3.tokenizer("<bos>Hello", add_special_tokens=False)["input_ids"]  # as a chat template writes it
+    ids = causal.FirstToken(gemma3.tokenizer, None)("<bos>Hello", add_special_tokens=False)["input_ids"]
+    assert written[0] == gemma3.tokenizer.bos_token_id and ids == written[1:]
+    assert no_bos.S < with_bos.S - 1.0

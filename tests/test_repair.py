@@ -1,0 +1,66 @@
+"""Head-wise repair: the chosen heads' W_Q / W_K rows come back from the base, nothing else moves; the
+norm-matched control restores exactly that norm elsewhere."""
+import numpy as np
+import pytest
+import torch
+
+from sinklib import repair
+from sinklib.errors import ParameterError
+from sinklib.models import tiny_model
+
+
+def _pair(arch="llama"):
+    lm = tiny_model(arch, seed=0)  # 4 layers, 4 query heads, 2 kv heads, head_dim 16
+    base = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    adapted = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in base.items()}
+    return lm, base, adapted
+
+
+def test_restore_heads_puts_back_exactly_the_chosen_rows():
+    lm, base, adapted = _pair()
+    new, info = repair.restore_heads(adapted, base, {1: [0, 3], 2: [1]}, n_heads=4, n_kv_heads=2, head_dim=16)
+    assert info["kv_heads"] == {1: [0, 1], 2: [0]} and info["q_heads"] == {1: [0, 3], 2: [1]}
+    q1, k1 = "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"
+    q2, k2 = "model.layers.2.self_attn.q_proj.weight", "model.layers.2.self_attn.k_proj.weight"
+    assert torch.equal(new[q1][0:16], base[q1][0:16]) and torch.equal(new[q1][48:64], base[q1][48:64])
+    assert torch.equal(new[q1][16:48], adapted[q1][16:48])  # heads 1, 2 untouched
+    assert torch.equal(new[k1], base[k1])  # both kv heads of layer 1
+    assert torch.equal(new[q2][16:32], base[q2][16:32]) and torch.equal(new[k2][0:16], base[k2][0:16])
+    assert torch.equal(new[k2][16:32], adapted[k2][16:32])
+    changed = [k for k in adapted if not torch.equal(new[k], adapted[k])]
+    assert sorted(changed) == sorted([q1, k1, q2, k2])
+    expect = sum(float((base[k] - new_k_old).pow(2).sum()) for k, new_k_old in
+                 ((q1, torch.cat([adapted[q1][0:16], base[q1][16:48], adapted[q1][48:64]])), (k1, adapted[k1]),
+                  (q2, torch.cat([base[q2][0:16], adapted[q2][16:32], base[q2][32:]])),
+                  (k2, torch.cat([adapted[k2][0:16], base[k2][16:]])))) ** 0.5
+    assert info["restored_norm"] == pytest.approx(expect, rel=1e-6)
+    lm.model.load_state_dict(new)  # a valid state dict of the model
+    assert adapted[q1] is not new[q1]  # the adapted state is not modified in place
+
+
+def test_restore_other_rows_matches_the_norm_and_leaves_qk_alone():
+    _, base, adapted = _pair()
+    _, info = repair.restore_heads(adapted, base, {1: [0, 3]}, n_heads=4, n_kv_heads=2, head_dim=16)
+    new, ctl = repair.restore_other_rows(adapted, base, info["restored_norm"], seed=0)
+    assert ctl["restored_norm"] == pytest.approx(info["restored_norm"], rel=1e-9)
+    undone = sum(float((new[k] - adapted[k]).pow(2).sum()) for k in adapted) ** 0.5
+    assert undone == pytest.approx(info["restored_norm"], rel=1e-5)
+    assert all(torch.equal(new[k], adapted[k]) for k in adapted if "q_proj" in k or "k_proj" in k or ".layers." not in k)
+    again, _ = repair.restore_other_rows(adapted, base, info["restored_norm"], seed=0)
+    assert all(torch.equal(again[k], new[k]) for k in new)
+    with pytest.raises(ParameterError, match="differ from the base by only"):
+        repair.restore_other_rows(adapted, base, 1e6)
+
+
+def test_heads_by_mass_change_and_errors():
+    b = np.array([[0.1, 0.5], [0.9, 0.2]])
+    a = np.array([[0.1, 0.1], [0.3, 0.25]])
+    assert repair.heads_by_mass_change(b, a, [0, 1], 2) == {0: [1], 1: [0]}
+    with pytest.raises(ParameterError, match="'k'"):
+        repair.heads_by_mass_change(b, a, [0], 3)
+    _, base, adapted = _pair()
+    with pytest.raises(ParameterError, match="0..3"):
+        repair.restore_heads(adapted, base, {0: [4]}, n_heads=4, n_kv_heads=2, head_dim=16)
+    with pytest.raises(ParameterError, match="q_proj.weight of layer 9"):
+        repair.restore_heads(adapted, base, {9: [0]}, n_heads=4, n_kv_heads=2, head_dim=16)
