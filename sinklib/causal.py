@@ -17,13 +17,14 @@ from . import evals, intervene
 from .cache import cached_json
 from .errors import ParameterError
 from .evals.grading import mcnemar_exact, paired_ci, paired_ppl_ci
-from .params import check_float
+from .params import check_choice, check_float
 
 CAUSAL_VERSION = 1
 #: the pass/fail metrics kept per item (suite, per-item field); perplexity keeps NLL and token counts
 PASS_FAIL = (("instructions", "strict"), ("instructions", "lenient"), ("math", "strict"), ("math", "lenient"),
              ("knowledge", "acc"))
 CONTROLS = ("sink", "random", "matched")
+FIRST_TOKENS = ("default", "none", "eos")
 
 
 def outcomes(results: Mapping[str, Any]) -> dict:
@@ -44,21 +45,27 @@ def _heads_key(heads: Mapping[int, Sequence[int]] | None) -> dict[str, list[int]
 
 
 def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode: str = "remove", shift: float = 0.0,
-             eval_n: Mapping[str, int], seed: int = 0, eval_batch_size: int = 8, tag: str = "") -> dict:
+             eval_n: Mapping[str, int], seed: int = 0, eval_batch_size: int = 8, first_token: str = "default",
+             tag: str = "") -> dict:
     """The suites of `eval_n` on `lm` (sinklib.models.Loaded) with `heads` ({layer: [head, ...]}; None or empty:
-    the unablated model) under the intervention `mode`; cached under `causal/`. -> {'scores' (rows of
-    evals.results_table), 'outcomes' (`outcomes`), 'mean_mass_taken' (per intervened head and query),
-    'n_heads'}."""
+    the unablated model) under the intervention `mode`; cached under `causal/`. first_token: 'default' (the
+    tokenizer as it is), 'none' (no BOS: `FirstToken(tok, None)`) or 'eos' (the EOS token prepended instead of
+    any BOS). -> {'scores' (rows of evals.results_table), 'outcomes' (`outcomes`), 'mean_mass_taken' (per
+    intervened head and query), 'n_heads'}."""
+    first_token = check_choice("first_token", first_token, FIRST_TOKENS)
     key = {"kind": "causal", "model": lm.name, "weights": lm.weights_sha256, "heads": _heads_key(heads),
            "mode": mode if heads else "none", "shift": float(shift) if heads and mode == "shift" else 0.0,
            "eval_n": dict(eval_n), "seed": int(seed), "batch": int(eval_batch_size), "tag": tag,
            "version": CAUSAL_VERSION}
+    if first_token != "default":
+        key["first_token"] = first_token
+    tok = first_token_tokenizer(lm.tokenizer, first_token)
 
     def compute() -> dict:
         ctx = (intervene.sink_intervention(lm.model, heads, mode=mode, shift=shift) if key["heads"]
                else contextlib.nullcontext(None))
         with ctx as plan:
-            res = evals.run_suites(lm.model, lm.tokenizer, suites=tuple(k for k, v in eval_n.items() if v),
+            res = evals.run_suites(lm.model, tok, suites=tuple(k for k, v in eval_n.items() if v),
                                    n_items=dict(eval_n), seed=seed, batch_size=eval_batch_size)
         return {"scores": evals.results_table(res), "outcomes": outcomes(res),
                 "mean_mass_taken": plan.mean_taken if plan is not None else 0.0,
@@ -149,3 +156,72 @@ class FirstToken:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tok, name)
+
+
+def first_token_tokenizer(tokenizer: Any, first_token: str) -> Any:
+    """The tokenizer of an `evaluate` condition: as it is ('default'), without BOS ('none'), or with the EOS
+    token in the BOS's place ('eos': a first token that is not BOS, for models trained with one)."""
+    first_token = check_choice("first_token", first_token, FIRST_TOKENS)
+    if first_token == "default":
+        return tokenizer
+    if first_token == "eos" and getattr(tokenizer, "eos_token_id", None) is None:
+        raise ParameterError("first_token='eos' needs a tokenizer with an EOS token")
+    return FirstToken(tokenizer, None if first_token == "none" else tokenizer.eos_token_id)
+
+
+#: the metric groups of the verdicts (names of `paired_changes` rows)
+STRICT = ("instructions strict", "math strict")
+KNOWLEDGE = ("knowledge acc",)
+
+
+def dose_response(lm: Any, plans: Sequence[Mapping], *, eval_n: Mapping[str, int], seed: int = 0,
+                  eval_batch_size: int = 8, log=None) -> tuple[Any, dict]:
+    """Evaluate every row of `dose_plans` (cached) and pair it with the unablated model.
+    -> (DataFrame {model, dose, control, k, mass_taken, metric, base, other, change, lo, hi, p},
+        {(dose, control): evaluate's result}, with (0.0, 'none') the unablated model)."""
+    import pandas as pd
+
+    base = evaluate(lm, None, eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
+    results, rows = {(0.0, "none"): base}, []
+    for p in plans:
+        if p["k"] == 0:
+            continue
+        r = evaluate(lm, p["heads"], mode=p["mode"], eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
+        results[(float(p["dose"]), p["control"])] = r
+        for ch in paired_changes(base, r, seed=seed):
+            rows.append({"model": lm.name, "dose": float(p["dose"]), "control": p["control"], "k": p["k"],
+                         "mass_taken": r["mean_mass_taken"], **ch})
+        if log:
+            log(f"{lm.name}: dose {p['dose']:g} {p['control']:8s} {p['k']:3d} heads, mass taken "
+                f"{r['mean_mass_taken']:.3f}")
+    return pd.DataFrame(rows), results
+
+
+def falls(row: Mapping) -> bool:
+    """A score fell outside the noise: its paired 95 % interval lies below zero (perplexity: above zero)."""
+    return bool(row["lo"] > 0) if row["metric"].startswith("perplexity") else bool(row["hi"] < 0)
+
+
+def order_verdict(table, control: str = "sink") -> dict:
+    """Which skill falls first along the dose of one control (rows of `dose_response`'s table for one model):
+    the smallest dose at which a strict-format metric falls (`falls`) against the same for knowledge.
+    -> {'format_dose', 'knowledge_dose' (None: never), 'verdict'}."""
+    t = table[table.control == control]
+    first = {}
+    for name, metrics in (("format", STRICT), ("knowledge", KNOWLEDGE)):
+        d = sorted(float(r.dose) for r in t[t.metric.isin(metrics)].itertuples() if falls(r._asdict()))
+        first[name] = d[0] if d else None
+    f, k = first["format"], first["knowledge"]
+    if f is None and k is None:
+        v = "neither falls outside the noise at any dose"
+    elif k is None:
+        v = f"format falls (from dose {f:g}), knowledge does not"
+    elif f is None:
+        v = f"knowledge falls (from dose {k:g}), format does not"
+    elif f < k:
+        v = f"format falls first (dose {f:g}, knowledge from {k:g})"
+    elif k < f:
+        v = f"knowledge falls first (dose {k:g}, format from {f:g})"
+    else:
+        v = f"format and knowledge fall together (dose {f:g})"
+    return {"format_dose": f, "knowledge_dose": k, "verdict": v}

@@ -152,3 +152,44 @@ def test_gemma3_without_bos_loses_its_sink(gemma3):
     ids = causal.FirstToken(gemma3.tokenizer, None)("<bos>Hello", add_special_tokens=False)["input_ids"]
     assert written[0] == gemma3.tokenizer.bos_token_id and ids == written[1:]
     assert no_bos.S < with_bos.S - 1.0
+
+
+def test_order_verdict_rules():
+    import pandas as pd
+
+    def t(rows):
+        return pd.DataFrame([{"control": "sink", "dose": d, "metric": m, "lo": lo, "hi": hi} for d, m, lo, hi in rows])
+
+    fall, flat = (-20, -5), (-10, 4)
+    v = causal.order_verdict(t([(0.25, "math strict", *fall), (0.25, "knowledge acc", *flat),
+                                (0.5, "knowledge acc", *fall), (0.5, "instructions strict", *flat)]))
+    assert v == {"format_dose": 0.25, "knowledge_dose": 0.5, "verdict": "format falls first (dose 0.25, knowledge from 0.5)"}
+    v = causal.order_verdict(t([(0.5, "math strict", *flat), (0.5, "knowledge acc", *fall)]))
+    assert v["verdict"] == "knowledge falls (from dose 0.5), format does not"
+    v = causal.order_verdict(t([(1.0, "math lenient", *fall), (1.0, "knowledge acc", *flat)]))
+    assert v["verdict"] == "neither falls outside the noise at any dose"  # lenient is not a format metric
+    v = causal.order_verdict(t([(1.0, "math strict", *fall), (1.0, "knowledge acc", *fall)]))
+    assert v["verdict"] == "format and knowledge fall together (dose 1)"
+    assert causal.falls({"metric": "perplexity ppl", "lo": 0.5, "hi": 3}) and not causal.falls(
+        {"metric": "math strict", "lo": -3, "hi": 0.0})
+
+
+def test_dose_response_pairs_every_plan_with_the_unablated_model(monkeypatch, tmp_path):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    calls = []
+
+    def fake_run_suites(model, tok, suites, n_items, seed, batch_size):
+        calls.append(model.config._attn_implementation)
+        ablated = model.config._attn_implementation == intervene.INTERVENE_NAME
+        return _fake({"is": [1, 1, 0, 1], "il": [1, 1, 1, 1], "k": [0, 1, 1, 1] if ablated else [1, 1, 1, 1]})
+
+    monkeypatch.setattr(evals, "run_suites", fake_run_suites)
+    plans = causal.dose_plans(np.random.default_rng(0).random((4, 4)), [2, 3], [0.0, 0.5])
+    table, res = causal.dose_response(lm, plans, eval_n={"instructions": 4, "knowledge": 4, "perplexity": 2})
+    assert len(calls) == 4 and set(res) == {(0.0, "none"), (0.5, "sink"), (0.5, "random"), (0.5, "matched")}
+    assert set(table.control) == {"sink", "random", "matched"} and (table.k == 4).all()
+    k = table[(table.metric == "knowledge acc") & (table.control == "sink")].iloc[0]
+    assert k.change == -25 and k.p == 1.0
+    with pytest.raises(ParameterError, match="first_token"):
+        causal.evaluate(lm, None, eval_n={"knowledge": 1}, first_token="bos")
