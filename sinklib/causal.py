@@ -225,3 +225,19 @@ def order_verdict(table, control: str = "sink") -> dict:
     else:
         v = f"format and knowledge fall together (dose {f:g})"
     return {"format_dose": f, "knowledge_dose": k, "verdict": v}
+
+
+def _chapter8_params() -> dict:
+    from .evals import COUNT_PARAMS
+    from .models import MODEL_PARAMS
+    from .params import COMMON, boolean, choice, integer, list_of, number
+    from .sink import prompt_count
+
+    return {**MODEL_PARAMS, "seed": integer(0), "n_prompts": prompt_count, "max_tokens": integer(8, 4096),
+            "last_k_layers": integer(1, 1000), "fractions": list_of(number(0.0, 1.0)),
+            "controls": list_of(choice(CONTROLS)), "first_tokens": list_of(choice(FIRST_TOKENS)), **COUNT_PARAMS,
+            "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
+
+
+#: the parameters of chapter 8 (one `validate` call in the notebook)
+CHAPTER8_PARAMS = _chapter8_params()

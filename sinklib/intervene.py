@@ -6,8 +6,10 @@ chosen set of (layer, head) pairs, changes what each query does with the sink ke
   (softmax over the rest);
 - ``shift``: the sink key's logit is shifted by ``shift`` (negative: a weaker sink, positive: a stronger one);
 - ``remove_matched`` (the control of ``remove``): the same attention mass that ``remove`` would take from the
-  sink is taken instead from the query's most-attended non-sink key (at most that key's whole mass), then
-  the row is renormalised, so a head loses as much attention as under ``remove`` but keeps its sink.
+  sink is taken instead from the other visible keys, the most-attended first, then the row is renormalised,
+  so a head loses as much attention as under ``remove`` but keeps its sink. Where the sink holds more than
+  half of a query's attention, the other keys hold less than that: all of it is taken (the head then attends
+  to the sink alone), and ``removed`` shows how much less than ``remove`` the control took.
 
 Queries at or before the sink (its own row, left padding) are left alone; layers and heads outside the
 set run SDPA as usual. The intervened layers compute their attention map explicitly (fp32, in chunks of
@@ -73,13 +75,14 @@ def adjust_logits_and_probs(logits: torch.Tensor, allowed: torch.Tensor, heads: 
         probs = torch.softmax(lg, dim=-1)
         taken = p_sink - probs.gather(-1, sink.view(b, 1, 1, 1).expand(b, h, c, 1)).squeeze(-1)
         return probs, torch.where(act, taken, torch.zeros_like(taken))
-    # remove_matched: take p_sink from the most-attended visible non-sink key instead
-    other = base.masked_fill(sink_col | ~allowed.expand(b, h, c, tk), -1.0)
-    p_top, j = other.max(dim=-1)                                                        # [B, H, C]
-    has_other = p_top > 0
-    m = torch.where(act & has_other, torch.minimum(p_sink, p_top), torch.zeros_like(p_sink))
-    probs = base - torch.nn.functional.one_hot(j, tk).to(base.dtype) * m[..., None]
-    probs = probs / (1 - m)[..., None]
+    # remove_matched: take p_sink from the visible non-sink keys instead, the most-attended first
+    other = base.masked_fill(sink_col | ~allowed.expand(b, h, c, tk), 0.0)
+    m = torch.where(act, torch.minimum(p_sink, other.sum(-1)), torch.zeros_like(p_sink))   # [B, H, C]
+    srt, order = other.sort(dim=-1, descending=True)
+    before = srt.cumsum(-1) - srt                                                       # mass of larger keys
+    take_sorted = (m[..., None] - before).clamp(min=0).minimum(srt)
+    take = torch.zeros_like(base).scatter(-1, order, take_sorted)
+    probs = (base - take) / (1 - m)[..., None]
     return probs, m
 
 

@@ -285,3 +285,23 @@ def show(*items) -> None:
     for it in items:
         for t in (it if isinstance(it, (list, tuple)) else [it]):
             display(t)
+
+
+#: colours of chapter 8's conditions (the sink heads and their two controls)
+CONTROL_COLORS = {"sink": "#d62728", "random": "#7f7f7f", "matched": "#1f77b4"}
+
+
+def dose_panel(ax, table, metric: str, title: str = "") -> None:
+    """One metric's change against the dose (fraction of heads ablated), a line per control with its paired 95 %
+    interval as error bars (rows of `sinklib.causal.dose_response`'s table for one model)."""
+    t = table[table.metric == metric]
+    for j, (control, d) in enumerate(t.groupby("control", sort=False)):
+        d = d.sort_values("dose")
+        x = d.dose.to_numpy() + (j - 1) * 0.012  # side by side at each dose
+        y = d.change.to_numpy()
+        ax.errorbar(x, y, yerr=[y - d.lo.to_numpy(), d.hi.to_numpy() - y], marker="o", capsize=3,
+                    color=CONTROL_COLORS.get(control), label=control)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("fraction of the last-K-layer heads ablated")
+    ax.set_ylabel("change vs unablated" + (" (ppl)" if metric.startswith("perplexity") else " (points)"))
+    ax.set_title(title or metric)

@@ -193,3 +193,18 @@ def test_dose_response_pairs_every_plan_with_the_unablated_model(monkeypatch, tm
     assert k.change == -25 and k.p == 1.0
     with pytest.raises(ParameterError, match="first_token"):
         causal.evaluate(lm, None, eval_n={"knowledge": 1}, first_token="bos")
+
+
+def test_dose_panel_draws_one_line_per_control():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from sinklib import plots
+
+    t = pd.DataFrame([{"control": c, "dose": d, "metric": "math strict", "change": -d * 10, "lo": -d * 20, "hi": 1.0}
+                      for c in ("sink", "random", "matched") for d in (0.25, 0.5)])
+    fig, axes = plots.subplots(1, 1)
+    plots.dose_panel(axes[0], t, "math strict")
+    assert len(axes[0].containers) == 3 and axes[0].get_ylabel().endswith("(points)")

@@ -95,10 +95,11 @@ def test_softcapped_model_and_empty_plan():
         assert (out - plain)[att.bool()].abs().max().item() <= 1e-5  # nothing, or a zero shift, changes nothing
 
 
-def test_remove_matched_takes_the_sink_mass_from_the_top_other_key():
+def test_remove_matched_takes_the_sink_mass_from_the_other_keys_top_first():
     g = torch.Generator().manual_seed(0)
     b, h, c, tk = 2, 3, 5, 6
     logits = torch.randn(b, h, c, tk, generator=g) * 2
+    logits[0, :, :, 0] += 4.0  # row 0: a dominant sink, more mass than the other keys hold
     q_pos = torch.arange(1, 6)
     allowed = (torch.arange(tk)[None, :] <= q_pos[:, None])[None, None]
     logits = logits.masked_fill(~allowed, torch.finfo(torch.float32).min)
@@ -110,6 +111,7 @@ def test_remove_matched_takes_the_sink_mass_from_the_top_other_key():
     assert torch.allclose(probs.sum(-1), torch.ones(b, h, c), atol=1e-6) and (probs >= -1e-7).all()
     assert torch.equal(probs[:, 1], base[:, 1]) and (m[:, 1] == 0).all()   # head 1 not in the plan
     assert (m[1, :, 0] == 0).all() and (m_rem[1, :, 0] == 0).all()         # query 1 of row 1 is the sink itself
+    cases = {"capped": 0, "several keys": 0}
     for r in range(b):
         s = int(sink_idx[r])
         for hh in (0, 2):
@@ -118,15 +120,22 @@ def test_remove_matched_takes_the_sink_mass_from_the_top_other_key():
                     continue
                 p = base[r, hh, i].clone()
                 p_s = float(p[s])
-                other = p.clone(); other[s] = -1; other[~allowed[0, 0, i]] = -1
-                j = int(other.argmax())
-                take = min(p_s, float(p[j]))
-                assert float(m[r, hh, i]) == pytest.approx(take, abs=1e-6)
+                vis = [j for j in range(tk) if j != s and bool(allowed[0, 0, i, j])]
+                want = min(p_s, sum(float(p[j]) for j in vis))
+                expect, left = p.clone(), want
+                for j in sorted(vis, key=lambda j: -float(p[j])):  # the most-attended other keys first
+                    t = min(left, float(p[j]))
+                    expect[j] -= t
+                    left -= t
+                expect /= 1 - want
+                cases["capped"] += want < p_s - 1e-6
+                cases["several keys"] += want > max(float(p[j]) for j in vis) + 1e-6  # more than the top key holds
+                assert float(m[r, hh, i]) == pytest.approx(want, abs=1e-6)
                 assert float(m_rem[r, hh, i]) == pytest.approx(p_s, abs=1e-6)   # remove takes the whole sink mass
-                expect = p.clone(); expect[j] -= take; expect /= 1 - take
                 assert torch.allclose(probs[r, hh, i], expect, atol=1e-6)
                 assert float(probs[r, hh, i, s]) >= p_s - 1e-6                  # the sink keeps (or gains) its mass
                 assert float(rem[r, hh, i, s]) == 0.0
+    assert cases["capped"] > 0 and cases["several keys"] > 0  # both regimes were exercised
 
 
 def test_head_selection_and_errors():
