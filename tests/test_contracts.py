@@ -104,7 +104,9 @@ def test_dependent_checks_see_earlier_parameters():
 
 
 def test_chapter_schemas_share_their_parts():
-    for schema in (pairs.CHAPTER4_PARAMS, merge.CHAPTER6_PARAMS):
+    from sinklib import causal
+
+    for schema in (pairs.CHAPTER4_PARAMS, merge.CHAPTER6_PARAMS, causal.CHAPTER8_PARAMS):
         assert set(evals.COUNT_PARAMS) <= set(schema) and {"models", "device", "profile"} <= set(schema)
     p = {"eval_instructions": 1, "eval_math": 2, "eval_knowledge": 3, "eval_perplexity": 4}
     assert evals.counts(p) == {"instructions": 1, "math": 2, "knowledge": 3, "perplexity": 4}
