@@ -210,18 +210,23 @@ def test_dose_panel_draws_one_line_per_control():
     assert len(axes[0].containers) == 3 and axes[0].get_ylabel().endswith("(points)")
 
 
-def test_draft_chapter_parameters_are_the_schema():
-    """The draft of chapter 8 declares exactly the parameters its schema checks, with valid defaults."""
+@pytest.mark.parametrize("draft,schema", [("08_causal_tests", "sinklib.causal:CHAPTER8_PARAMS"),
+                                          ("07_tiny_panel", "sinklib.tiny.panel:CHAPTER7_PARAMS")])
+def test_draft_chapter_parameters_are_the_schema(draft, schema):
+    """A draft chapter declares exactly the parameters its schema checks, with valid defaults."""
+    import importlib
     import json
     from pathlib import Path
 
     from sinklib.params import validate
 
-    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks/drafts/08_causal_tests.ipynb").read_text())
+    mod, name = schema.split(":")
+    schema = getattr(importlib.import_module(mod), name)
+    nb = json.loads((Path(__file__).resolve().parent.parent / f"notebooks/drafts/{draft}.ipynb").read_text())
     cell = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(cell) == 1
     ns: dict = {}
     exec("".join(cell[0]["source"]), ns)
     ns = {k: v for k, v in ns.items() if not k.startswith("__")}
-    assert set(ns) == set(causal.CHAPTER8_PARAMS)
-    assert validate(causal.CHAPTER8_PARAMS, ns)["fractions"] == ns["fractions"]
+    assert set(ns) == set(schema)
+    assert validate(schema, ns) == ns

@@ -187,3 +187,10 @@ def test_chain_drill_follows_the_bigram_table_and_backcopies():
     assert n_trig > 100
     with pytest.raises(ParameterError, match="chain_share"):
         corpus.make_corpus(10, 0, chain_share=1.5)
+
+
+def test_pilot_sink_criterion():
+    from sinklib.tiny.pilot import SINK_RISE, sink_formed
+
+    assert sink_formed(-2.4, -2.4 + SINK_RISE) and not sink_formed(-2.4, -2.4 + SINK_RISE - 0.01)
+    assert not sink_formed(-2.4, -3.0) and sink_formed(0.0, 1.0, rise=1.0)

@@ -138,3 +138,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _chapter7_params() -> dict:
+    from ..params import COMMON, boolean, choice, integer, list_of
+
+    return {"panel": choice(tuple(PROFILES)), "variants": list_of(choice(VARIANTS)),
+            "settings": list_of(choice(tuple(SETTINGS))), "threads": integer(1, 256), "show_progress": boolean(),
+            **COMMON}
+
+
+#: the parameters of chapter 7 (one `validate` call in the notebook)
+CHAPTER7_PARAMS = _chapter7_params()

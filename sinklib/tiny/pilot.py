@@ -27,6 +27,13 @@ from .train import TRAIN_DEFAULTS, train_tiny
 
 #: the pilot's goal (issue 12): S clearly above its initial value; every suite's base score in this band (%)
 SCORE_BAND = (20.0, 95.0)
+#: "clearly above": S (a median of log-odds) at least this much above its value at initialisation
+SINK_RISE = 0.5
+
+
+def sink_formed(S_init: float, S_final: float, rise: float = SINK_RISE) -> bool:
+    """The pilot's sink criterion: S rose by at least `rise` (log-odds) during training."""
+    return bool(S_final - S_init >= rise)
 
 #: every configuration tried on the way to a sink (label, variant, train_tiny overrides of TRAIN_DEFAULTS), in
 #: the order tried; each is cached by its parameters, so a chapter reloads them instead of retraining.
