@@ -383,9 +383,10 @@ def input_scaling(generator: torch.Generator, lams, norm: str = "none", sink_onl
 
 
 def fit_loglog(x, y) -> float:
-    """Least-squares slope of log y against log x (positive values)."""
-    x, y = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
-    return float(np.polyfit(x, y, 1)[0])
+    """Least-squares slope of log y against log x (the benchmark's `fit_loglog_slope`, as a number)."""
+    from .bench import fit_loglog_slope
+
+    return fit_loglog_slope(list(x), list(y))["slope"]
 
 
 def equalising_gains(head_scales: Tensor, head_dim: int, c: float = 1.0) -> Tensor:

@@ -209,13 +209,22 @@ def sink_intervention(model, heads, sink_index: torch.Tensor | None = None, mode
             hook.remove()
 
 
+def top_heads(scores, layers: Sequence[int], k: int) -> dict[int, list[int]]:
+    """The `k` (layer, head) pairs of `layers` with the largest score [L, H] (ties: lower layer, then lower head
+    first), as {layer: [head, ...]}."""
+    m = np.asarray(scores, dtype=float)
+    pairs = sorted(((l, h) for l in layers for h in range(m.shape[1])), key=lambda p: (-m[p], p))
+    if not 0 <= k <= len(pairs):
+        raise ParameterError(f"parameter 'k' got {k}; allowed: 0..{len(pairs)} (heads in the chosen layers)")
+    return _as_dict(sorted(pairs[:k]))
+
+
 def heads_by_sink_mass(mass, layers: Sequence[int], fraction: float) -> dict[int, list[int]]:
     """The top ``fraction`` of the (layer, head) pairs of ``layers`` ranked by sink mass [L, H] (ties: lower
     layer, then lower head first): round(fraction * len(layers) * H) heads."""
     fraction = check_float("fraction", fraction, 0.0, 1.0)
-    m = np.asarray(mass, dtype=float)
-    pairs = sorted(((l, h) for l in layers for h in range(m.shape[1])), key=lambda p: (-m[p], p))
-    return _as_dict(sorted(pairs[: int(round(fraction * len(pairs)))]))
+    n = len(layers) * np.asarray(mass).shape[1]
+    return top_heads(mass, layers, int(round(fraction * n)))
 
 
 def random_heads(layers: Sequence[int], n_heads: int, k: int, seed: int = 0) -> dict[int, list[int]]:

@@ -91,11 +91,6 @@ def restore_other_rows(adapted: StateDict, base: StateDict, target_norm: float, 
 
 def heads_by_mass_change(base_mass, adapted_mass, layers: Sequence[int], k: int) -> dict[int, list[int]]:
     """The `k` (layer, head) pairs of `layers` whose sink mass [L, H] moved most (|adapted - base|) under adaptation."""
-    d = np.abs(np.asarray(adapted_mass, float) - np.asarray(base_mass, float))
-    pairs = sorted(((l, h) for l in layers for h in range(d.shape[1])), key=lambda p: (-d[p], p))
-    if not 0 <= k <= len(pairs):
-        raise ParameterError(f"parameter 'k' got {k}; allowed: 0..{len(pairs)} (heads in the chosen layers)")
-    out: dict[int, list[int]] = {}
-    for l, h in sorted(pairs[:k]):
-        out.setdefault(int(l), []).append(int(h))
-    return out
+    from .intervene import top_heads
+
+    return top_heads(np.abs(np.asarray(adapted_mass, float) - np.asarray(base_mass, float)), layers, k)
