@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import re
 import statistics
@@ -32,14 +33,21 @@ from .errors import ParameterError
 # timing primitives (chapter 2 uses these too)
 
 
-def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup: int = 1,
+                        min_seconds: float = 0.0, max_repeats: int = 15) -> dict[str, list[float]]:
     """Run each function `repeats` times, interleaved (a, b, c, a, b, c, ...), after `warmup` rounds.
 
-    Interleaving spreads machine noise over all contenders, so their ratios are fair.
+    Interleaving spreads machine noise over all contenders, so their ratios are fair. With `min_seconds`, short
+    rounds are repeated more often: at least `repeats` rounds, and enough to last about `min_seconds` judged by
+    the last warm-up round (at most `max_repeats`), so that cheap lengths get medians as stable as long ones.
     """
+    round_s = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         for f in fns.values():
             f()
+        round_s = time.perf_counter() - t0
+    repeats = rounds_for(round_s, repeats, min_seconds, max_repeats)
     out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
@@ -47,6 +55,14 @@ def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = 3, 
             f()
             out[k].append(time.perf_counter() - t0)
     return out
+
+
+def rounds_for(round_seconds: float, repeats: int, min_seconds: float, max_repeats: int = 15) -> int:
+    """Timed rounds for one length: `repeats`, or more (up to `max_repeats`) so that they last about
+    `min_seconds` when one round takes `round_seconds`."""
+    if min_seconds <= 0 or round_seconds <= 0:
+        return repeats
+    return int(max(repeats, min(max_repeats, math.ceil(min_seconds / round_seconds))))
 
 
 def ratio_table(times: dict[str, list[float]], baseline: str) -> list[dict]:
@@ -75,6 +91,8 @@ METHODS = {"plain": "plain SDPA pass", "probe_k": "probe, last K layers", "probe
            "eager": "eager output_attentions"}
 DEFAULT_MODELS = ("smollm2-135m", "gemma3-270m")
 DEFAULT_LENGTHS = (128, 512, 2048, 8192)
+#: timed rounds at a length last at least about this long (more rounds where one is short; see interleaved_timings)
+MIN_SECONDS = 40.0
 QUICK_LENGTHS = (16, 32)
 #: chapter 2's parameters of S on the full profile (tests/test_bench.py checks them against the notebook)
 S_PROFILE = {"n_prompts": 15, "seed": 0, "last_k_layers": 10, "query_start": 1, "max_tokens": 128, "batch_size": 8}
@@ -297,8 +315,9 @@ def timing_rows(model: str, T: int, times: dict[str, list[float]], skipped: dict
 
 def run_cpu(models: Sequence[str] = DEFAULT_MODELS, lengths: Sequence[int] = DEFAULT_LENGTHS, repeats: int = 3,
             last_k_layers: int = 10, eager_budget_gib: float = 12.0, memory: bool = True, s_profile: dict | None = None,
-            fit_min_T: int = 512, log: Callable[[str], None] = print) -> tuple[dict, list]:
-    """Time and memory of the four methods per model and length, and the cost of S. Returns (results, models' provenance)."""
+            fit_min_T: int = 512, log: Callable[[str], None] = print, min_seconds: float = 0.0) -> tuple[dict, list]:
+    """Time and memory of the four methods per model and length, and the cost of S (`min_seconds`: see
+    `interleaved_timings`). Returns (results, models' provenance)."""
     from . import sink
 
     s_profile = dict(S_PROFILE if s_profile is None else s_profile)
@@ -316,7 +335,7 @@ def run_cpu(models: Sequence[str] = DEFAULT_MODELS, lengths: Sequence[int] = DEF
                 del fns["eager"]
                 skipped["eager"] = pred
             t0 = time.perf_counter()
-            rows = timing_rows(name, T, interleaved_timings(fns, repeats=repeats), skipped)
+            rows = timing_rows(name, T, interleaved_timings(fns, repeats=repeats, min_seconds=min_seconds), skipped)
             timing += rows
             log(f"[bench] {name} T={T}: " + ", ".join(
                 f"{r['method']} {r['median_s']:.3f} s" if r["status"] == "ok" else f"{r['method']} {r['status']}"
@@ -443,6 +462,9 @@ def _parser() -> argparse.ArgumentParser:
                     "gpu: qwen2.5-7b qwen3-8b olmo2-7b (default: all)")
     ap.add_argument("--lengths", nargs="+", type=int, help=f"prompt lengths T (default {' '.join(map(str, DEFAULT_LENGTHS))})")
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds after one warm-up round (default 3; --quick 1)")
+    ap.add_argument("--min-seconds", type=float, default=None,
+                    help="cpu: more rounds (up to 15) at lengths whose rounds are short, to last about this long "
+                         f"(default {MIN_SECONDS:g}; --quick 0)")
     ap.add_argument("--quick", action="store_true", help=f"tiny lengths {QUICK_LENGTHS}, 1 repeat, chapter 2's quick S profile (tests)")
     ap.add_argument("--out", help="results name under data/results (default bench_cpu / bench_gpu) or a .json path")
     ap.add_argument("--last-k-layers", type=int, default=10, help="K of the probe (default 10)")
@@ -492,12 +514,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(lengths) < 8:
         raise ParameterError(f"--lengths must be >= 8 tokens, got {lengths}")
     s_profile = S_PROFILE_QUICK if a.quick else S_PROFILE
-    params = {"models": models, "lengths": lengths, "repeats": repeats, "last_k_layers": a.last_k_layers,
+    min_seconds = a.min_seconds if a.min_seconds is not None else (0.0 if a.quick else MIN_SECONDS)
+    params = {"models": models, "lengths": lengths, "repeats": repeats, "min_seconds": min_seconds,
+              "last_k_layers": a.last_k_layers,
               "eager_budget_gib": a.eager_budget_gib, "memory": not a.no_memory, "fit_min_T": a.fit_min_t,
               "quick": a.quick, "s_profile": s_profile, "torch_threads": torch.get_num_threads(),
               "profile": "quick" if a.quick else "bench"}
     res, prov = run_cpu(models, lengths, repeats, a.last_k_layers, a.eager_budget_gib, not a.no_memory, s_profile,
-                        a.fit_min_t, log)
+                        a.fit_min_t, log, min_seconds=min_seconds)
     path = save(a.out or "bench_cpu", res, params, prov, time.perf_counter() - t0)
     print(cpu_markdown(json.loads(path.read_text())))
     print(f"saved {path}; now run: python -m sinklib.bench report", file=sys.stderr)

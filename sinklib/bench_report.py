@@ -37,8 +37,10 @@ def _provenance_line(doc: dict) -> str:
     v = prov.get("versions", {})
     return (f"Measured on {prov.get('device', '?')} at {prov.get('utc', '?')} (git {str(prov.get('git_commit', '?'))[:12]}; "
             f"torch {v.get('torch', '?')}, transformers {v.get('transformers', '?')}); the whole run took "
-            f"{prov.get('seconds', 0) / 60:.1f} min. Times are medians of {par.get('repeats', '?')} interleaved "
-            "repeat(s) after one warm-up round.")
+            f"{prov.get('seconds', 0) / 60:.1f} min. Times are medians of at least {par.get('repeats', '?')} interleaved "
+            "rounds after one warm-up round" + (f"; short lengths get more rounds (up to 15) so that their rounds last "
+                                                 f"about {par['min_seconds']:g} s (the rounds column)"
+                                                 if par.get("min_seconds") else "") + ".")
 
 
 def is_partial(params: dict) -> bool:
@@ -82,11 +84,15 @@ def cpu_markdown(doc: dict) -> str:
             return r["status"]
         return f"{r['median_s']:.3f}" + (f" ({r[key]:.2f})" if key and key in r else "")
 
-    rows = [[model, str(T), t_cell(model, T, "plain", None), t_cell(model, T, "probe_k"), t_cell(model, T, "probe_all"),
-             t_cell(model, T, "eager", "eager_over_probe")] for model, T in keys]
-    parts.append("### Time per pass\n\nMedian seconds of one pass; in brackets, the ratio of medians to the plain "
-                 "pass (for eager: to the probe, last K layers).\n\n" + _table(
-                     ["model", "T (tokens)", "plain SDPA (s)", "probe, last K: s (/ plain)",
+    def n_rounds(model, T):
+        r = by.get((model, T, "plain"))
+        return str(len(r.get("times", []))) if r and r["status"] == "ok" else "n/a"
+
+    rows = [[model, str(T), n_rounds(model, T), t_cell(model, T, "plain", None), t_cell(model, T, "probe_k"),
+             t_cell(model, T, "probe_all"), t_cell(model, T, "eager", "eager_over_probe")] for model, T in keys]
+    parts.append("### Time per pass\n\nMedian seconds of one pass over the timed rounds; in brackets, the ratio of "
+                 "medians to the plain pass (for eager: to the probe, last K layers).\n\n" + _table(
+                     ["model", "T (tokens)", "rounds", "plain SDPA (s)", "probe, last K: s (/ plain)",
                       "probe, all layers: s (/ plain)", "eager output_attentions: s (/ probe)"], rows))
 
     mem = res.get("memory") or []

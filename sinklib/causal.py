@@ -1,13 +1,14 @@
-"""Chapter 8's causal tests (in progress, #14), on top of `sinklib.intervene`: the text suites evaluated with
+"""Chapter 8's causal tests, on top of `sinklib.intervene`: the text suites evaluated with
 chosen sink heads ablated (cached by their parameters, per-item outcomes kept), paired tests of every change
 against the unablated model (exact McNemar for pass/fail metrics, a paired bootstrap interval for every
 metric), and the dose-response plan with its two controls at each dose: the same number of random heads,
-and the same sink heads losing the same attention mass from their most-attended other key instead
+and the same sink heads losing the same attention mass from their other keys instead (most-attended first)
 (`remove_matched`).
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from .params import check_choice, check_float
 CAUSAL_VERSION = 1
 #: the pass/fail metrics kept per item (suite, per-item field); perplexity keeps NLL and token counts
 PASS_FAIL = (("instructions", "strict"), ("instructions", "lenient"), ("math", "strict"), ("math", "lenient"),
-             ("knowledge", "acc"))
+             ("knowledge", "acc"), ("format", "strict"), ("format", "lenient"))
 CONTROLS = ("sink", "random", "matched")
 FIRST_TOKENS = ("default", "none", "eos")
 
@@ -42,6 +43,37 @@ def outcomes(results: Mapping[str, Any]) -> dict:
 
 def _heads_key(heads: Mapping[int, Sequence[int]] | None) -> dict[str, list[int]]:
     return {str(int(l)): sorted(int(h) for h in hs) for l, hs in sorted((heads or {}).items()) if len(hs)}
+
+
+@dataclass
+class TinyLM:
+    """One of chapter 7's tiny LMs (`sinklib.tiny.train.TinyRun`) in the shape `evaluate` takes: its suites are
+    the tiny ones (`sinklib.tiny.evaluate`: format strict/lenient, knowledge, perplexity), its cache identity
+    the training run's key. eval_n: {'format': n, 'knowledge': n, 'perplexity': n}."""
+
+    name: str
+    weights_sha256: str
+    model: Any
+    tokenizer: Any
+    max_new_tokens: int = 16
+
+    @classmethod
+    def of(cls, run: Any, name: str, max_new_tokens: int = 16) -> "TinyLM":
+        return cls(name, "tiny:" + run.key, run.model, run.tokenizer, max_new_tokens)
+
+    def run_suites(self, tokenizer: Any, eval_n: Mapping[str, int], *, seed: int = 0, batch_size: int = 32) -> dict:
+        from .tiny.evaluate import evaluate as tiny_evaluate
+
+        bad = sorted(set(eval_n) - set(TINY_EVAL_N))
+        if bad:
+            raise ParameterError(f"eval_n of a tiny model has {bad}; allowed: {', '.join(TINY_EVAL_N)}")
+        kw = {TINY_EVAL_N[k]: int(v) for k, v in eval_n.items()}
+        return tiny_evaluate(self.model, tokenizer, seed=seed, batch_size=batch_size, max_new_tokens=self.max_new_tokens,
+                             suites=tuple(k for k, v in eval_n.items() if v), **kw)
+
+
+#: the tiny suites and their size arguments of `sinklib.tiny.evaluate.evaluate`
+TINY_EVAL_N = {"format": "n_format", "knowledge": "n_knowledge", "perplexity": "n_prose"}
 
 
 def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode: str = "remove", shift: float = 0.0,
@@ -65,8 +97,11 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
         ctx = (intervene.sink_intervention(lm.model, heads, mode=mode, shift=shift) if key["heads"]
                else contextlib.nullcontext(None))
         with ctx as plan:
-            res = evals.run_suites(lm.model, tok, suites=tuple(k for k, v in eval_n.items() if v),
-                                   n_items=dict(eval_n), seed=seed, batch_size=eval_batch_size)
+            if isinstance(lm, TinyLM):
+                res = lm.run_suites(tok, eval_n, seed=seed, batch_size=eval_batch_size)
+            else:
+                res = evals.run_suites(lm.model, tok, suites=tuple(k for k, v in eval_n.items() if v),
+                                       n_items=dict(eval_n), seed=seed, batch_size=eval_batch_size)
         return {"scores": evals.results_table(res), "outcomes": outcomes(res),
                 "mean_mass_taken": plan.mean_taken if plan is not None else 0.0,
                 "n_heads": sum(len(v) for v in key["heads"].values())}
@@ -170,7 +205,7 @@ def first_token_tokenizer(tokenizer: Any, first_token: str) -> Any:
 
 
 #: the metric groups of the verdicts (names of `paired_changes` rows)
-STRICT = ("instructions strict", "math strict")
+STRICT = ("instructions strict", "math strict", "format strict")  # the last: chapter 7's tiny LMs
 KNOWLEDGE = ("knowledge acc",)
 
 
@@ -227,6 +262,12 @@ def order_verdict(table, control: str = "sink") -> dict:
     return {"format_dose": f, "knowledge_dose": k, "verdict": v}
 
 
+def _tiny_variants() -> tuple[str, ...]:
+    from .tiny.model import VARIANTS
+
+    return VARIANTS
+
+
 def _chapter8_params() -> dict:
     from .evals import COUNT_PARAMS
     from .models import MODEL_PARAMS
@@ -235,9 +276,28 @@ def _chapter8_params() -> dict:
 
     return {**MODEL_PARAMS, "seed": integer(0), "n_prompts": prompt_count, "max_tokens": integer(8, 4096),
             "last_k_layers": integer(1, 1000), "fractions": list_of(number(0.0, 1.0)),
-            "controls": list_of(choice(CONTROLS)), "first_tokens": list_of(choice(FIRST_TOKENS)), **COUNT_PARAMS,
+            "controls": list_of(choice(CONTROLS)), "first_tokens": list_of(choice(FIRST_TOKENS)),
+            "repair_fractions": list_of(number(0.0, 1.0)), "tiny_variants": list_of(choice(_tiny_variants()), min_len=0),
+            "tiny_profile": choice(("quick", "full")), **COUNT_PARAMS,
             "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
 
 
 #: the parameters of chapter 8 (one `validate` call in the notebook)
 CHAPTER8_PARAMS = _chapter8_params()
+
+
+def tiny_lm(variant: str, profile: str = "full") -> tuple[TinyLM, dict, Any]:
+    """Chapter 7's base tiny LM of one QK-norm variant, trained with the panel profile's base recipe (the
+    pilot's recipe in 'full'; cached, shared with chapter 7), as `TinyLM`, with the profile's suite sizes.
+    -> (TinyLM, eval_n, TinyRun)."""
+    from .tiny import panel as tiny_panel
+    from .tiny.evaluate import EVAL_DEFAULTS
+    from .tiny.model import VARIANTS
+    from .tiny.train import train_tiny
+
+    check_choice("tiny_variants[]", variant, VARIANTS)
+    prof = tiny_panel.PROFILES[check_choice("tiny_profile", profile, tuple(tiny_panel.PROFILES))]
+    ev = {**EVAL_DEFAULTS, **{k: v for k, v in prof["eval"].items() if not k.startswith("vqa_")}}
+    run = train_tiny(variant, **prof["train"])
+    eval_n = {suite: int(ev[arg]) for suite, arg in TINY_EVAL_N.items()}
+    return TinyLM.of(run, f"tiny {variant}", max_new_tokens=int(ev["max_new_tokens"])), eval_n, run

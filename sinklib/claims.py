@@ -448,9 +448,64 @@ def _merges_worse(res):
     return _merges(res, test)
 
 
-not_testable("9", "Mechanism: VL fine-tuning corrupts the attention sink, and that corruption causes the format loss",
-             (), "", "", "no chapter yet intervenes on the sink (ablate or restore it) and measures strict formats; "
-             "rows 5a-6c are correlational")
+CH8 = "08_causal_tests"
+
+
+@claim("9a", "Mechanism (causal test, ours): removing the sink from the heads that use it most hurts format-sensitive "
+       "skills before knowledge", (), CH8)
+def _ablation_order(res):
+    doc = res(CH8)
+    ver = doc["results"]["verdicts"]
+    out = {}
+    for m in dict.fromkeys(r["model"] for r in ver):
+        by = {r["control"]: r for r in ver if r["model"] == m}
+        s = by.get("sink")
+        if s is None:
+            continue
+        f, k = s["format_dose"], s["knowledge_dose"]
+        if f is not None and (k is None or f < k):
+            v = REPRODUCED
+        elif k is not None and (f is None or k < f):
+            v = NOT_REPRODUCED
+        else:
+            v = INCONCLUSIVE
+        ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
+        out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else ""), v,
+                  "rule: the smallest dose whose paired 95 % interval lies below zero, strict format against knowledge")
+    return per_model(out)
+
+
+@claim("9b", "Mechanism (causal test, ours): the VL loss flows through the sink heads' W_Q/W_K; restoring them "
+       "brings strict formats back, random heads or other weights of the same norm do not", (), CH8)
+def _repair(res):
+    doc = res(CH8)
+    rows = doc["results"]["repair"]
+    out = {}
+    for m in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == m]
+        f0 = mine[0]["fraction"]
+        t = [r for r in mine if r["fraction"] == f0 and r["metric"] in _strict()]
+        lost = sorted({r["metric"] for r in t if r["loss_hi"] < 0})
+        by = {(r["control"], r["metric"]): r for r in t}
+        loss = "; ".join(f"{mt} VL - base {r['loss']:+.1f} [{r['loss_lo']:+.1f}, {r['loss_hi']:+.1f}]"
+                         for mt in _strict() for r in [by.get(("sink heads", mt))] if r)
+        moves = "; ".join(f"{c} {mt} {r['change']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}]"
+                          for (c, mt), r in by.items() if mt in lost)
+        ours = f"{loss}" + (f"; restored ({f0:.0%} of heads): {moves}" if moves else "")
+        if not lost:
+            out[m] = (ours, NOT_REPRODUCED, "precondition failed: the VL loss is within noise (nothing to recover)")
+            continue
+        back = {c: any(by[(c, mt)]["lo"] > 0 for mt in lost if (c, mt) in by) for c in ("sink heads", "random heads", "other rows")}
+        worse = any(by[("sink heads", mt)]["hi"] < 0 for mt in lost if ("sink heads", mt) in by)
+        if back["sink heads"] and not (back["random heads"] or back["other rows"]):
+            v, w = REPRODUCED, "the sink heads' restore brings a lost score back outside noise; neither control does"
+        elif worse or not back["sink heads"] and (back["random heads"] or back["other rows"]):
+            v, w = NOT_REPRODUCED, "a control repairs, or the sink heads' restore makes it worse"
+        else:
+            v, w = INCONCLUSIVE, ("the sink heads and a control both repair" if back["sink heads"] else
+                                  "no restore moves a lost score outside noise")
+        out[m] = (ours, v, w)
+    return per_model(out)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -100,8 +100,9 @@ def _fused_cpu(query, key, value, mask, scaling, rec: _Recorder):
         add = mask[:, :, :, :tk]
         if add.dtype == torch.bool:
             sink_ok = add
-            add = torch.zeros(add.shape, dtype=query.dtype, device=query.device).masked_fill(
-                ~add, torch.finfo(query.dtype).min)
+            # one [B, 1, Tq, Tk] float tensor (zeros().masked_fill(~add) held three: the bool inverse and two floats)
+            add = torch.where(add, torch.zeros((), dtype=query.dtype, device=query.device),
+                              torch.full((), torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device))
         else:
             sink_ok = None
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(

@@ -1,4 +1,4 @@
-"""Head-wise repair of an adapted model (chapter 8, in progress, #14): put the base model's W_Q and W_K back
+"""Head-wise repair of an adapted model (chapter 8): put the base model's W_Q and W_K back
 for chosen heads of the adapted (VL) model, against two controls: as many randomly chosen heads, and the
 same norm of change restored in other weights (rows of V/O and MLP matrices of the decoder layers). It tests
 the claim that the text loss flows through the sink heads' queries and keys.
@@ -94,3 +94,96 @@ def heads_by_mass_change(base_mass, adapted_mass, layers: Sequence[int], k: int)
     from .intervene import top_heads
 
     return top_heads(np.abs(np.asarray(adapted_mass, float) - np.asarray(base_mass, float)), layers, k)
+
+
+#: the conditions of one head-wise repair: the chosen heads' W_Q/W_K from the base, as many random heads, the
+#: same norm restored in other rows
+REPAIR_CONTROLS = ("sink heads", "random heads", "other rows")
+
+
+def attention_shape(model) -> dict[str, int]:
+    """n_heads, n_kv_heads and head_dim of a transformers causal LM (from its config)."""
+    cfg = getattr(model.config, "text_config", None) or model.config
+    n_heads = int(cfg.num_attention_heads)
+    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    return {"n_heads": n_heads, "n_kv_heads": n_kv, "head_dim": int(head_dim)}
+
+
+def repair_plans(adapted: StateDict, base: StateDict, base_mass, adapted_mass, layers: Sequence[int], k: int, *,
+                 n_heads: int, n_kv_heads: int, head_dim: int, seed: int = 0) -> list[dict]:
+    """The three repaired states of one adapted model, each with `k` query heads' worth of change undone:
+    'sink heads' (the k heads of `layers` whose sink mass moved most: `heads_by_mass_change`), 'random heads'
+    (k heads drawn with `seed`), 'other rows' (rows outside W_Q/W_K restored to the sink heads' restored norm).
+    -> rows {control, heads ({layer: [head]} or {}), state, restored_norm, share (of ||adapted - base|| over
+    all tensors)}."""
+    from .intervene import random_heads
+
+    shape = {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    total = sum(float((adapted[k_].float() - base[k_].float()).pow(2).sum()) for k_ in adapted
+                if adapted[k_].is_floating_point()) ** 0.5
+    top = heads_by_mass_change(base_mass, adapted_mass, layers, k)
+    s_top, i_top = restore_heads(adapted, base, top, **shape)
+    rnd = random_heads(layers, n_heads, k, seed)
+    s_rnd, i_rnd = restore_heads(adapted, base, rnd, **shape)
+    s_oth, i_oth = restore_other_rows(adapted, base, i_top["restored_norm"], seed=seed)
+    rows = [("sink heads", top, s_top, i_top), ("random heads", rnd, s_rnd, i_rnd), ("other rows", {}, s_oth, i_oth)]
+    return [{"control": c, "heads": {int(l): list(map(int, h)) for l, h in hs.items()}, "state": s,
+             "restored_norm": float(i["restored_norm"]), "share": float(i["restored_norm"] / total) if total else 0.0}
+            for c, hs, s, i in rows]
+
+
+def evaluate_state(lm, state: StateDict, tag: Mapping, *, eval_n: Mapping[str, int], seed: int = 0,
+                   eval_batch_size: int = 8) -> dict:
+    """`sinklib.causal.evaluate` of `lm` holding `state` (unablated), cached under `tag` (a mapping that
+    identifies the state, e.g. the pair's parameters, the control and its heads). `lm.model` gets its own
+    weights back afterwards, also when the evaluation fails."""
+    from . import cache, causal
+
+    own = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    tag_key = "repair:" + cache.key(dict(tag))
+    lm.model.load_state_dict(dict(state), strict=True)
+    try:
+        return causal.evaluate(lm, None, eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size, tag=tag_key)
+    finally:
+        lm.model.load_state_dict(own, strict=True)
+
+
+def repair_changes(base_ev: Mapping, vl_ev: Mapping, repaired: Mapping[str, Mapping], *, seed: int = 0):
+    """The table of one model's repair: for each metric, the loss to recover (VL - base, paired) and, for each
+    repaired state ({control: evaluation}), its change from the VL model with the paired interval and McNemar
+    p. Evaluations are those of `evaluate_state` / `sinklib.causal.evaluate` on the same items.
+    -> DataFrame {control, metric, base, vl, repaired, loss, loss_lo, loss_hi, change, lo, hi, p}."""
+    import pandas as pd
+
+    from .causal import paired_changes
+
+    loss = {r["metric"]: r for r in paired_changes(base_ev, vl_ev, seed=seed)}
+    rows = []
+    for control, ev in repaired.items():
+        for r in paired_changes(vl_ev, ev, seed=seed):
+            g = loss[r["metric"]]
+            rows.append({"control": control, "metric": r["metric"], "base": g["base"], "vl": r["base"],
+                         "repaired": r["other"], "loss": g["change"], "loss_lo": g["lo"], "loss_hi": g["hi"],
+                         "change": r["change"], "lo": r["lo"], "hi": r["hi"], "p": r["p"]})
+    return pd.DataFrame(rows)
+
+
+def repair_verdict(table, metrics: Sequence[str] = ("instructions strict", "math strict")) -> str:
+    """One model's repair in words, by the chapter's rule (a paired 95 % interval that excludes zero): for each
+    strict-format metric, whether adaptation lost it, and whether restoring the sink heads' W_Q/W_K brought it
+    back, beside the two controls."""
+    parts = []
+    for m in metrics:
+        t = table[table.metric == m]
+        if t.empty:
+            continue
+        g = t.iloc[0]
+        lost = g.loss_hi < 0
+        head = (f"{m}: VL {'lost' if lost else 'did not lose'} it ({g.loss:+.1f} [{g.loss_lo:+.1f}, {g.loss_hi:+.1f}])")
+        moves = []
+        for r in t.itertuples():
+            word = "back up" if r.lo > 0 else ("down" if r.hi < 0 else "no change")
+            moves.append(f"{r.control} {r.change:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}] ({word})")
+        parts.append(head + "; restored " + ", ".join(moves))
+    return ". ".join(parts)

@@ -45,6 +45,17 @@ def test_ratios_are_computed_from_the_medians():
     assert by["eager"]["eager_over_probe"] == pytest.approx(7.0 / 2.2)
 
 
+def test_short_rounds_are_repeated_more_often():
+    assert bench.rounds_for(1.0, 3, 0.0) == 3                     # off by default
+    assert bench.rounds_for(4.0, 3, 40.0) == 10                   # 40 s of 4-s rounds
+    assert bench.rounds_for(0.01, 3, 40.0) == 15                  # capped
+    assert bench.rounds_for(30.0, 3, 40.0) == 3                   # long rounds keep the minimum
+    calls = []
+    t = bench.interleaved_timings({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=2,
+                                  min_seconds=1.0, max_repeats=5)
+    assert len(t["a"]) == len(t["b"]) == 5 and calls[:4] == ["a", "b", "a", "b"] and len(calls) == 12
+
+
 def test_skipped_rows_say_the_predicted_memory():
     rows = bench.timing_rows("m", 8192, {"plain": [1.0], "probe_k": [1.0]}, skipped={"eager": 18 * bench.GIB})
     sk = [r for r in rows if r["method"] == "eager"]
@@ -165,7 +176,7 @@ def test_command_line_and_report(tmp_path):
     assert bench.main(["report", "--cpu-results", str(out), "--gpu-results", str(tmp_path / "none.json"),
                        "--book-dir", str(book)]) == 0
     md = (book / "_generated" / "performance_table.md").read_text()
-    assert "| model | T (tokens) | plain SDPA (s)" in md and "partial run" in md and "--no-memory" in md
+    assert "| model | T (tokens) | rounds | plain SDPA (s)" in md and "partial run" in md and "--no-memory" in md
     for r in doc["results"]["timing"]:          # every number comes from the JSON
         assert f"{r['median_s']:.3f}" in md
     gpu = (book / "_generated" / "performance_gpu.md").read_text()

@@ -159,8 +159,25 @@ def _fake(monkeypatch, docs):
     monkeypatch.setattr(book, "load_results", load)
 
 
+def ch8_order(f, k, random=(None, None)):
+    def row(m, c, fd, kd):
+        return {"model": m, "control": c, "format_dose": fd, "knowledge_dose": kd, "verdict": f"{c}: {fd} / {kd}"}
+    return _doc({"verdicts": [row(A, "sink", f, k), row(A, "random", *random)]}, models=(A,))
+
+
+def ch8_repair(loss_hi, sink_lo, random_lo=-5.0, other_lo=-5.0, sink_hi=10.0):
+    rows = []
+    for c, lo in (("sink heads", sink_lo), ("random heads", random_lo), ("other rows", other_lo)):
+        for mt in ("instructions strict", "math strict"):
+            rows.append({"model": A, "fraction": 0.25, "control": c, "metric": mt, "loss": loss_hi - 5,
+                         "loss_lo": loss_hi - 10, "loss_hi": loss_hi, "change": lo + 5, "lo": lo,
+                         "hi": sink_hi if c == "sink heads" else lo + 10})
+    return _doc({"repair": rows}, models=(A,))
+
+
 C1, C2, C3, C4, C5, C6 = ("01_sink_definition", "02_sink_strength", "03_perturbation_bound", "04_vl_adaptation",
                           "05_panel_correlations", "06_negative_controls")
+C8 = "08_causal_tests"
 CASES = [
     ("1", {C1: ch1(0.6)}, REPRODUCED), ("1", {C1: ch1(0.03)}, NOT_REPRODUCED), ("1", {C1: ch1(0.2)}, INCONCLUSIVE),
     ("2a", {C2: ch2(1.0)}, REPRODUCED), ("2a", {C2: ch2(4.0)}, NOT_REPRODUCED), ("2a", {C2: ch2(2.0)}, INCONCLUSIVE),
@@ -197,6 +214,15 @@ CASES = [
     ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(45, 45))}, NOT_REPRODUCED),
     ("8c", {C4: _ch4_for_ch6(40.0), C6: ch6(merges=(5, 5), vqa=40.0)}, NOT_REPRODUCED),
     ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(21, 21), n=30)}, INCONCLUSIVE),
+    ("9a", {C8: ch8_order(0.1, 0.3)}, REPRODUCED), ("9a", {C8: ch8_order(0.3, None)}, REPRODUCED),
+    ("9a", {C8: ch8_order(1.0, 0.3)}, NOT_REPRODUCED), ("9a", {C8: ch8_order(None, 1.0)}, NOT_REPRODUCED),
+    ("9a", {C8: ch8_order(None, None)}, INCONCLUSIVE), ("9a", {C8: ch8_order(0.3, 0.3)}, INCONCLUSIVE),
+    ("9b", {C8: ch8_repair(-2.0, 1.0)}, REPRODUCED),
+    ("9b", {C8: ch8_repair(2.0, 1.0)}, NOT_REPRODUCED),                       # nothing lost: nothing to repair
+    ("9b", {C8: ch8_repair(-2.0, -3.0, random_lo=1.0)}, NOT_REPRODUCED),      # a control repairs, the sink heads not
+    ("9b", {C8: ch8_repair(-2.0, -3.0, sink_hi=-1.0)}, NOT_REPRODUCED),       # the restore makes it worse
+    ("9b", {C8: ch8_repair(-2.0, -3.0)}, INCONCLUSIVE),
+    ("9b", {C8: ch8_repair(-2.0, 1.0, other_lo=1.0)}, INCONCLUSIVE),           # not specific
 ]
 
 

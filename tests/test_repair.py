@@ -64,3 +64,70 @@ def test_heads_by_mass_change_and_errors():
         repair.restore_heads(adapted, base, {0: [4]}, n_heads=4, n_kv_heads=2, head_dim=16)
     with pytest.raises(ParameterError, match="q_proj.weight of layer 9"):
         repair.restore_heads(adapted, base, {9: [0]}, n_heads=4, n_kv_heads=2, head_dim=16)
+
+
+def test_repair_plans_undo_the_chosen_heads_and_match_the_control_norm():
+    lm, base, adapted = _pair()
+    shape = repair.attention_shape(lm.model)
+    assert shape == {"n_heads": 4, "n_kv_heads": 2, "head_dim": 16}
+    bm = np.zeros((4, 4))
+    am = np.zeros((4, 4))
+    am[3, 2], am[2, 0] = 0.5, -0.4  # the two heads whose sink mass moved most
+    plans = repair.repair_plans(adapted, base, bm, am, [2, 3], 2, seed=0, **shape)
+    assert [p["control"] for p in plans] == list(repair.REPAIR_CONTROLS)
+    sink, rnd, other = plans
+    assert sink["heads"] == {2: [0], 3: [2]}
+    assert sum(map(len, rnd["heads"].values())) == 2 and all(l in (2, 3) for l in rnd["heads"])
+    assert other["heads"] == {} and other["restored_norm"] == pytest.approx(sink["restored_norm"], rel=1e-9)
+    total = sum(float((adapted[k] - base[k]).pow(2).sum()) for k in base) ** 0.5
+    assert sink["share"] == pytest.approx(sink["restored_norm"] / total) and 0 < sink["share"] < 1
+    q3 = "model.layers.3.self_attn.q_proj.weight"
+    assert torch.equal(sink["state"][q3][32:48], base[q3][32:48])
+    assert torch.equal(sink["state"][q3][:32], adapted[q3][:32])
+
+
+def test_evaluate_state_evaluates_the_given_weights_and_gives_the_model_back(monkeypatch, tmp_path):
+    from sinklib import causal, evals
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm, base, adapted = _pair()
+    seen = []
+
+    def fake_run_suites(model, tok, suites, n_items, seed, batch_size):
+        w = model.state_dict()["model.layers.0.self_attn.q_proj.weight"]
+        seen.append(float(w.sum()))
+        per = [{"acc": True, "acc_norm": True}]
+        return {"knowledge": evals.SuiteResult("knowledge", 1, {}, {}, per, 0.0)}
+
+    monkeypatch.setattr(evals, "run_suites", fake_run_suites)
+    kw = dict(eval_n={"knowledge": 1}, seed=0, eval_batch_size=1)
+    r = repair.evaluate_state(lm, adapted, {"pair": "x", "control": "vl"}, **kw)
+    key_w = "model.layers.0.self_attn.q_proj.weight"
+    assert seen == [pytest.approx(float(adapted[key_w].sum()))]
+    assert torch.equal(lm.model.state_dict()[key_w], base[key_w])  # the model holds its own weights again
+    assert r["n_heads"] == 0 and r["outcomes"]
+    again = repair.evaluate_state(lm, adapted, {"pair": "x", "control": "vl"}, **kw)
+    assert again == r and len(seen) == 1  # cached under its tag
+    repair.evaluate_state(lm, base, {"pair": "x", "control": "base"}, **kw)
+    assert len(seen) == 2  # another tag, another evaluation
+    assert causal.evaluate(lm, None, **kw) is not None and len(seen) == 3  # the untagged model is a third key
+
+
+def test_repair_changes_and_verdict_follow_the_paired_rule():
+    from sinklib import causal, evals
+
+    def ev(strict):
+        per = [{"strict": bool(s), "lenient": True} for s in strict]
+        return {"outcomes": causal.outcomes({"instructions": evals.SuiteResult("instructions", len(per), {}, {}, per, 0.0)})}
+
+    n = 40
+    base, vl = ev([1] * n), ev([1] * 10 + [0] * 30)          # VL lost 75 points
+    back, rnd = ev([1] * n), ev([1] * 10 + [0] * 30)           # the sink heads bring it all back; random nothing
+    t = repair.repair_changes(base, vl, {"sink heads": back, "random heads": rnd})
+    s = t[t.metric == "instructions strict"].set_index("control")
+    assert s.loc["sink heads", "loss"] == pytest.approx(-75.0) and s.loc["sink heads", "loss_hi"] < 0
+    assert s.loc["sink heads", "change"] == pytest.approx(75.0) and s.loc["sink heads", "lo"] > 0
+    assert s.loc["random heads", "change"] == 0.0 and s.loc["random heads", "p"] == 1.0
+    v = repair.repair_verdict(t, metrics=["instructions strict"])
+    assert "VL lost it (-75.0" in v and "sink heads +75.0" in v and "(back up)" in v and "random heads +0.0" in v
+    assert "(no change)" in v
