@@ -91,6 +91,8 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
            "version": CAUSAL_VERSION}
     if first_token != "default":
         key["first_token"] = first_token
+        if first_token == "eos":
+            key["first_token_fix"] = 2  # version 1 also put EOS before the perplexity suite's documents
     tok = first_token_tokenizer(lm.tokenizer, first_token)
 
     def compute() -> dict:
@@ -167,7 +169,8 @@ def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed:
 class FirstToken:
     """The natural ablation of a BOS-tied sink: a tokenizer whose encodings start with token `first` instead
     of the model's BOS (None: no special first token at all). Any leading BOS id that the wrapped tokenizer
-    adds, or that its chat template writes, is removed first; `bos_token_id` reports `first`, so the
+    adds, or that its chat template writes, is removed first, and `first` goes where special tokens are added
+    or a BOS was removed (an encoding without special tokens gets no first token); `bos_token_id` reports `first`, so the
     perplexity suite conditions each document on it (or on EOS when None). Everything else is the wrapped
     tokenizer's (decoding, padding, chat template)."""
 
@@ -184,9 +187,13 @@ class FirstToken:
         if not isinstance(text, str):
             raise ParameterError("FirstToken encodes one string at a time (as sinklib.evals does)")
         ids = list(self._tok(text, **kw)["input_ids"])
+        had_bos = False
         while ids and self._bos is not None and ids[0] == self._bos:
-            ids = ids[1:]
-        ids = ([self.first] if self.first is not None else []) + ids
+            ids, had_bos = ids[1:], True
+        # the first token takes BOS's place: where special tokens are added, or where the text itself began with
+        # BOS (a chat template); an encoding without special tokens (a continuation) gets none
+        if self.first is not None and (kw.get("add_special_tokens", True) or had_bos):
+            ids = [self.first] + ids
         return {"input_ids": ids, "attention_mask": [1] * len(ids)}
 
     def __getattr__(self, name: str) -> Any:

@@ -134,6 +134,13 @@ def test_first_token_replaces_or_drops_the_bos():
     assert other("ab")["input_ids"] == [7] + plain[1:] and other.bos_token_id == 7
     assert other.decode([1, 2]) == "decoded" and other.eos_token_id == 2 and other.pad_token_id == 0
     assert causal.FirstToken(t, 1)("ab")["input_ids"] == plain  # BOS as the first token: unchanged
+    # without special tokens (the perplexity suite's documents) no first token is added ...
+    assert other("ab", add_special_tokens=False)["input_ids"] == plain[1:]
+    # ... unless the text itself began with BOS (a chat template), which the first token replaces
+    t2 = _Tok()
+    t2.__class__ = type("_TokBOS", (_Tok,), {"__call__": lambda self, text, add_special_tokens=True:
+                                              {"input_ids": [1, 10, 11]}})
+    assert causal.FirstToken(t2, 7)("x", add_special_tokens=False)["input_ids"] == [7, 10, 11]
     with pytest.raises(ParameterError, match="one string"):
         none(["a", "b"])
 
