@@ -463,15 +463,20 @@ def _ablation_order(res):
         if s is None:
             continue
         f, k = s["format_dose"], s["knowledge_dose"]
-        if f is not None and (k is None or f < k):
-            v = REPRODUCED
+        rf = (by.get("random") or {}).get("format_dose")
+        specific = f is not None and (rf is None or rf > f)
+        if f is not None and (k is None or f < k) and specific:
+            v, why = REPRODUCED, "format falls before knowledge, and as many random heads do not make it fall at that dose"
         elif k is not None and (f is None or k < f):
-            v = NOT_REPRODUCED
+            v, why = NOT_REPRODUCED, "knowledge falls first"
+        elif f is not None and (k is None or f < k):
+            v, why = INCONCLUSIVE, ("format falls before knowledge, but as many random heads make it fall at the same "
+                                    "dose (at dose 1 both are every head), so the fall is not specific to the sink heads")
         else:
-            v = INCONCLUSIVE
+            v, why = INCONCLUSIVE, "neither falls first outside the noise"
         ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
         out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else ""), v,
-                  "rule: the smallest dose whose paired 95 % interval lies below zero, strict format against knowledge")
+                  why + " (rule: the smallest dose whose paired 95 % interval lies below zero)")
     return per_model(out)
 
 

@@ -217,6 +217,8 @@ CASES = [
     ("9a", {C8: ch8_order(0.1, 0.3)}, REPRODUCED), ("9a", {C8: ch8_order(0.3, None)}, REPRODUCED),
     ("9a", {C8: ch8_order(1.0, 0.3)}, NOT_REPRODUCED), ("9a", {C8: ch8_order(None, 1.0)}, NOT_REPRODUCED),
     ("9a", {C8: ch8_order(None, None)}, INCONCLUSIVE), ("9a", {C8: ch8_order(0.3, 0.3)}, INCONCLUSIVE),
+    ("9a", {C8: ch8_order(1.0, None, random=(1.0, None))}, INCONCLUSIVE),   # random heads fall as early: not specific
+    ("9a", {C8: ch8_order(0.3, None, random=(1.0, None))}, REPRODUCED),
     ("9b", {C8: ch8_repair(-2.0, 1.0)}, REPRODUCED),
     ("9b", {C8: ch8_repair(2.0, 1.0)}, NOT_REPRODUCED),                       # nothing lost: nothing to repair
     ("9b", {C8: ch8_repair(-2.0, -3.0, random_lo=1.0)}, NOT_REPRODUCED),      # a control repairs, the sink heads not
