@@ -187,3 +187,41 @@ def repair_verdict(table, metrics: Sequence[str] = ("instructions strict", "math
             moves.append(f"{r.control} {r.change:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}] ({word})")
         parts.append(head + "; restored " + ", ".join(moves))
     return ". ".join(parts)
+
+
+def run_repair(lm, pair, base_mass, prompts: Sequence[str], fractions: Sequence[float], *, last_k_layers: int,
+               max_tokens: int, eval_n: Mapping[str, int], seed: int = 0, eval_batch_size: int = 8):
+    """Chapter 8's head-wise repair of one model's VL condition (`pair`: `sinklib.pairs.Pair` of `lm`): the VL
+    model's sink-mass map on `prompts` (last K layers), then for each fraction of those layers' heads the three
+    `repair_plans`, each evaluated (`evaluate_state`, cached) and compared with the VL model and the base
+    (`repair_changes`). -> (DataFrame of `repair_changes` rows with model, fraction, k; rows describing each
+    repaired state: control, k, restored norm, its share of ||VL - base||, layers, heads)."""
+    import pandas as pd
+
+    from . import anatomy, causal, sink
+
+    K = anatomy.clamp_last_k(last_k_layers, lm.model)
+    layers = list(range(anatomy.n_layers(lm.model) - K, anatomy.n_layers(lm.model)))
+    pair.load_into(lm.model, "vl")
+    try:
+        vl_mass = sink.sink_strength(lm.model, prompts, tokenizer=lm.tokenizer, all_layers=True,
+                                     max_tokens=max_tokens, last_k_layers=K).mass
+    finally:
+        pair.load_into(lm.model, "base")
+    tag = {"pair": pair.params, "eval": "chapter 8"}
+    ev = dict(eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
+    base_ev = causal.evaluate(lm, None, **ev)
+    vl_ev = evaluate_state(lm, pair.states["vl"], {**tag, "control": "vl"}, **ev)
+    tables, described = [], []
+    for f in fractions:
+        k = max(1, round(f * K * vl_mass.shape[1]))
+        plans = repair_plans(pair.states["vl"], pair.states["base"], base_mass, vl_mass, layers, k, seed=seed,
+                             **attention_shape(lm.model))
+        evs = {p["control"]: evaluate_state(lm, p["state"], {**tag, "control": p["control"], "k": k,
+                                                            "heads": p["heads"], "seed": seed}, **ev) for p in plans}
+        tables.append(repair_changes(base_ev, vl_ev, evs, seed=seed).assign(model=lm.name, fraction=f, k=k))
+        described += [{"model": lm.name, "fraction": f, "k": k, "control": p["control"],
+                       "restored norm": round(p["restored_norm"], 3), "share of ||VL - base||": round(p["share"], 4),
+                       "layers": len(p["heads"]), "heads": {str(l): hs for l, hs in p["heads"].items()}}
+                      for p in plans]
+    return pd.concat(tables, ignore_index=True), described

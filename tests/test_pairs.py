@@ -187,3 +187,24 @@ def test_merge_verdict_and_by_model_tables():
     assert list(b.frame.columns) == list(TWO_MODELS) and b.width_px() <= plots.COLUMN_PX
     assert b.frame.loc["VL: format-sensitive (strict) mean change", "gemma3-270m"] == "-2.1"
     assert b.frame.loc["S fell under VL", "smollm2-135m"] == "no"
+
+
+def test_findings_sentences_come_from_the_tables():
+    import pandas as pd
+
+    from sinklib import pairs
+
+    class _B:
+        logs = {"vl": {"callbacks": [{"step": 0, "value": {"vqa": 0.2}}, {"step": 10, "value": {"vqa": 0.6}},
+                                     {"step": 20, "value": {"vqa": 0.4}}]}}
+
+    S = pd.DataFrame({"base": [0.5], "vl": [0.7], "text_only": [0.4], "random": [0.5]}, index=["m"])
+    d = pd.DataFrame([{"model": "m", "condition": c, "metric": mt, "change": v}
+                      for c, v in (("vl", -5.0), ("text_only", -30.0), ("random", 1.0))
+                      for mt in ("instructions strict", "math strict", "math lenient", "knowledge acc")])
+    v = {"vqa": 55.0, "vqa_lo": 48.0, "vqa_hi": 62.0, "majority": 38.0, "learned": True}
+    f = pairs.findings({"m": _B()}, {"m": v}, S, d, stage1_steps=10)
+    assert f["S"] == "m 0.500 -> 0.700 (rose)"
+    assert f["vqa"].startswith("m: tracking items 20 % at step 0, 60 % at the end of stage 1, 40 % at the end of stage 2")
+    assert "(learned)" in f["vqa"] and "VL math strict -5.0" in f["text"] and "text-only math strict -30.0" in f["text"]
+    assert "S rose under VL" in f["lines"][0] and "-5.0 / -30.0 / +1.0" in f["lines"][1]
