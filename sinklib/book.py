@@ -45,6 +45,28 @@ def notebook_names() -> list[str]:
     return sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
+#: notebooks that read another notebook's results (data/results/<name>.json) and so run after it when both
+#: are executed together: chapter 5 reads chapter 4's pairs and chapter 7's controlled panel
+#: (`panel_schema.PANEL_KEYS`); chapter 8 reads chapter 4's pairs
+READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
+    "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel"),
+    "08_causal_tests": ("04_vl_adaptation",),
+}
+
+
+def run_order(names: list[str]) -> list[str]:
+    """`names` in chapter order, except that a notebook comes after every notebook of `READS_RESULTS_OF`
+    it reads that is also in `names` (chapter 5 after chapter 7 in a whole-book run)."""
+    todo, done = sorted(names), []
+    while todo:
+        ready = next((n for n in todo if not any(d in todo for d in READS_RESULTS_OF.get(n, ()))), None)
+        if ready is None:
+            raise ParameterError(f"READS_RESULTS_OF has a cycle among {todo}")
+        todo.remove(ready)
+        done.append(ready)
+    return done
+
+
 def load_profile(notebook: str, profile: str) -> dict:
     """Parameters of one notebook under a profile (missing file or key = notebook defaults)."""
     import yaml
@@ -372,6 +394,7 @@ def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kerne
         if missing:
             raise ParameterError(f"--only {missing} matches no notebook; available: {', '.join(names)}")
         names = sel
+    names = run_order(names)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ["SINKBOOK_PROFILE"] = profile

@@ -392,4 +392,5 @@ from .bound_instances import (DIRECTION_KINDS, Instance, check_instance, equalis
                               per_head_formula_on_unnormalised, planted_sink_layer, random_direction,
                               random_instance, weak_head_flips, worst_direction)
 from .bound_real import (LayerQK, capture_qk_inputs, head_norms, layer_sensitivity,  # noqa: E402  (uses this module)
-                         measure_real_model, real_models_summary, real_scale_sweep, sink_norm_ratios)
+                         measure_real_model, real_models_summary, real_scale_sweep, remark1_heads, remark1_summary,
+                         remark1_table, sink_norm_ratios)

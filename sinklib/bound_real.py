@@ -240,3 +240,75 @@ def real_models_summary(real: pd.DataFrame, models: list[str], tol: float = 1e-9
         out[m] = dict(cells=int((real.model == m).sum()), gap_values=int(len(r)), violations=int((r > 1 + tol).sum()),
                       median_tightness=float(np.median(r)), max_tightness=float(r.max()))
     return out
+
+
+# --------------------------------------------------------------------------- Remark 1 on trained weights
+
+
+def remark1_heads(layer: LayerQK, query_start: int = 1) -> pd.DataFrame:
+    """Remark 1's quantities for every head of one captured layer (`capture_qk_inputs`), one row per head.
+
+    raw_share: the head's share of the raw query ``u_i = W_Q x_i`` before any normalisation,
+    ``||u_ih|| / ||u_i|| * sqrt(H)`` (1 = an equal share), median over queries >= query_start;
+    query_norm: the median norm of the head's normalised query (what the logits see); logit_range: largest
+    minus smallest causally visible logit; sink_logodds: the median sink gap with a log-sum-exp competitor
+    (the log-odds of the sink's attention mass). Remark 1 says that under layerwise QK-RMSNorm query_norm
+    and logit_range follow raw_share (weak heads are compressed); under per-head QK-RMSNorm every head's
+    query norm is set by its gain whatever its raw share."""
+    from .bound import project, qk_logits, sink_gap
+    from .bound_instances import logit_range
+
+    sp = layer.spec
+    T = layer.x.shape[0]
+    if not 0 < query_start < T:
+        raise ParameterError(f"query_start={query_start} must lie in 1..{T - 1} for a prompt of {T} tokens")
+    u = layer.x @ layer.wq.T
+    if layer.bq is not None:
+        u = u + layer.bq
+    per_head = u.view(T, sp.n_heads, sp.head_dim).norm(dim=-1)              # [T, H]
+    share = (per_head / u.norm(dim=-1, keepdim=True).clamp_min(1e-30) * math.sqrt(sp.n_heads))[query_start:]
+    q = project(layer.x, layer.wq, sp.n_heads, sp, layer.gq, layer.bq, layer.rope)   # [H, T, dh]
+    lg = qk_logits(layer.x, layer.wq, layer.wk, sp, layer.gq, layer.gk, layer.rope, layer.bq, layer.bk)
+    gap = sink_gap(lg, sink=0, query_start=query_start, competitor="lse")
+    return pd.DataFrame({"layer": layer.layer, "head": range(sp.n_heads), "norm": sp.norm,
+                         "raw_share": share.median(0).values.numpy(),
+                         "query_norm": q[:, query_start:].norm(dim=-1).median(-1).values.numpy(),
+                         "logit_range": logit_range(lg).numpy(), "sink_logodds": gap.median(-1).values.numpy()})
+
+
+def remark1_table(model: Any, prompt_ids: list[list[int]], layers: list[int] | None = None) -> pd.DataFrame:
+    """`remark1_heads` of every chosen layer (default all) averaged over prompts: one row per (layer, head)."""
+    if not prompt_ids:
+        raise ParameterError("prompt_ids is empty; give at least one tokenised prompt")
+    frames = []
+    for p, ids in enumerate(prompt_ids):
+        for lay in capture_qk_inputs(model, torch.tensor([list(ids)]), layers):
+            frames.append(remark1_heads(lay).assign(prompt=p))
+    df = pd.concat(frames, ignore_index=True)
+    return df.groupby(["layer", "head", "norm"], as_index=False)[
+        ["raw_share", "query_norm", "logit_range", "sink_logodds"]].mean()
+
+
+def remark1_summary(table: pd.DataFrame) -> dict:
+    """Spearman rho (with its two-sided permutation p, layers pooled) of a head's raw share against its
+    normalised query norm and its logit range, and the spread (max / min) of the query norms and raw shares:
+    Remark 1 predicts rho > 0 for both under layerwise QK-norm and no dependence of the query norm under
+    per-head QK-norm. A column equal up to 0.1 % gets NaN (its ranks would be rounding noise)."""
+    from .errors import PanelError
+    from .panel import spearman
+
+    out = {"n_heads": int(len(table)), "norm": ",".join(sorted(set(table["norm"])))}
+    for col in ("query_norm", "logit_range"):
+        v = table[col].to_numpy(dtype=float)
+        if v.max() <= 1.001 * v.min():  # equal up to 0.1 % (per-head QK-norm with equal gains): ranks are noise
+            out[f"rho_share_{col}"], out[f"p_share_{col}"] = float("nan"), float("nan")
+            continue
+        try:
+            r = spearman(table["raw_share"], table[col], n_perm=9999, n_boot=999)
+            out[f"rho_share_{col}"], out[f"p_share_{col}"] = float(r.rho), float(r.p_value)
+        except PanelError:  # a constant column (e.g. equal per-head query norms): no rank correlation
+            out[f"rho_share_{col}"], out[f"p_share_{col}"] = float("nan"), float("nan")
+    for col in ("raw_share", "query_norm"):
+        v = table[col].to_numpy(dtype=float)
+        out[f"{col}_spread"] = float(v.max() / max(v.min(), 1e-30))
+    return out

@@ -249,11 +249,30 @@ def _theorem(res):
                if ok else "no violation, but the input-scale slopes are not about 2 and 0")
 
 
-@claim("4b", "Remark 1: layerwise QK-RMSNorm compresses weak heads", (), "03_perturbation_bound")
+CH7 = "07_controlled_panel"
+
+
+@claim("4b", "Remark 1: layerwise QK-RMSNorm compresses weak heads", (), CH7)
 def _remark(res):
-    res("03_perturbation_bound")
-    return Row(("no number stored",), INCONCLUSIVE, "chapter 3 shows the remark on a constructed layer but saves "
-               "no number for it in its results (no interval stored)")
+    r = {x["variant"]: x for x in res(CH7)["results"]["remark1"]}
+    lw, ph = r.get("layerwise"), r.get("per_head")
+    if lw is None or ph is None:
+        return Row(("no trained layerwise and per-head model in chapter 7's run",), INCONCLUSIVE,
+                   "chapter 7 measures the remark on its trained layerwise and per-head models")
+    rho, p = lw["rho_share_query_norm"], lw["p_share_query_norm"]
+    ours = (f"trained layerwise model: raw query shares vary {lw['raw_share_spread']:.2f}-fold, normalised query "
+            f"norms {lw['query_norm_spread']:.2f}-fold, ρ(share, query norm) = {num(rho, 2)} (p = {p:.2g}), "
+            f"ρ(share, logit range) = {num(lw['rho_share_logit_range'], 2)}",
+            f"trained per-head model: query norms vary {ph['query_norm_spread']:.2f}-fold")
+    if rho != rho:
+        return Row(ours, INCONCLUSIVE, "the layerwise model's query norms are equal: nothing to rank")
+    if p < 0.05 and rho > 0 and lw["query_norm_spread"] > ph["query_norm_spread"]:
+        return Row(ours, REPRODUCED, "weak heads have smaller normalised queries under layerwise norm (permutation "
+                   "p < 0.05), and the spread of query norms exceeds the per-head model's; trained tiny models")
+    if p < 0.05 and rho < 0:
+        return Row(ours, NOT_REPRODUCED, "heads with a smaller raw share have larger normalised queries")
+    return Row(ours, INCONCLUSIVE, "no clear dependence of the normalised query norm on the raw share, or a "
+               "per-head model as spread as the layerwise one")
 
 
 @claim("5a", "VL adaptation erodes format-sensitive text skills while knowledge (MMLU, BoolQ) stays put",
@@ -297,7 +316,7 @@ not_testable("5c", "InternVL3.5 (Qwen3 backbone, per-head QK-RMSNorm) loses litt
              "model runs offline here")
 not_testable("5d", "Molmo2-O (Olmo-3, layerwise QK-RMSNorm) loses much IFEval although its aggregate sink looks "
              "healthy", ("ifeval_molmo2o",), "03_perturbation_bound", "{ifeval_molmo2o:+.1f} pt",
-             "no layerwise QK-norm model runs offline here (chapter 3 shows Remark 1's mechanism on a constructed layer)")
+             "no layerwise QK-norm model of that size runs offline here (chapter 7 measures Remark 1 on trained tiny layerwise models: claim 4b)")
 not_testable("5e", "Coding (MBPP) improves on average after VL adaptation", ("mbpp_mean",), CH4, "{mbpp_mean:+.1f} pt",
              "the book has no coding suite")
 
@@ -375,6 +394,62 @@ not_testable("7b", "ρ ≥ 0.82 on each of four format-sensitive tasks (IFEval, 
              "needs EQ-Bench and GPQA-Diamond and six VLM-LLM pairs; chapter 5 computes only what n = 6 can support")
 not_testable("7c", "ρ = 0.88 on a 17-pair panel", ("rho_17",), CH5, "ρ = {rho_17:.2f} (n = 17)",
              "the 17 pairs and their per-pair values are not reported; we have two measured pairs")
+
+
+def _tiny_precondition(res) -> tuple[str, str]:
+    """Chapter 7's preconditions as text, and the failed one that makes a controlled-panel verdict
+    inconclusive ('' when none): fewer than half the models formed a sink, or none lost strict score."""
+    pre = {x["precondition"]: x for x in res(CH7)["results"]["preconditions"]}
+    sink, lost = pre["a sink formed in training"], pre["VL lost strict-format score"]
+    text = f"sink formed in {sink['models']} models; VL lost strict-format score outside the noise in {lost['models']}"
+    if sink["share"] < 0.5:
+        return text, f"precondition: a sink formed in only {sink['models']} tiny models, so S varies among models " \
+                     "mostly without a sink"
+    if lost["share"] == 0:
+        return text, "precondition: no tiny model lost strict-format score outside the noise, so there is no loss to predict"
+    return text, ""
+
+
+@claim("7d", "S predicts the strict-format loss on a controlled panel (tiny models identical but for the QK-norm "
+       "variant and one training setting)", ("rho_ifeval_6",), CH5, "ρ = {rho_ifeval_6:.3f} on six real pairs")
+def _tiny_predicts(res):
+    from .panel_schema import TINY_STRICT_TASK
+
+    r = res(CH5)["results"]
+    if not r.get("tiny_rho"):
+        return Row(("no controlled panel in chapter 5's run",), INCONCLUSIVE, "run chapter 7, then chapter 5")
+    rho = next(x for x in r["tiny_rho"] if x["task"] == TINY_STRICT_TASK)
+    lopo = next(x for x in r["tiny_lopo"] if x["task"] == TINY_STRICT_TASK)
+    ctx, failed = _tiny_precondition(res)
+    if rho["rho"] is None or rho["ci_boot_lo"] is None:
+        return Row((f"{rho['n']} tiny models: no ρ", ctx), INCONCLUSIVE, f"too few models: {rho['note']}")
+    e = Est(rho["rho"], rho["ci_boot_lo"], rho["ci_boot_hi"])
+    ours = (f"ρ = {est(e, 2)} (n = {rho['n']}, p = {rho['p_value']:.2g})",
+            f"LOPO {lopo['mae_model']:.2f} vs constant {lopo['mae_constant']:.2f} pt", ctx)
+    v = direction(e, +1)
+    if failed:
+        return Row(ours, INCONCLUSIVE, f"{failed}; the interval alone would say {v}")
+    return Row(ours, v, f"bootstrap interval of ρ on {rho['n']} tiny models")
+
+
+@claim("7e", "S adds to the QK-norm architecture (the paper's panel cannot tell: S co-clusters with the QK-norm "
+       "type)", (), CH5)
+def _tiny_beyond(res):
+    from .panel_schema import TINY_STRICT_TASK
+
+    r = res(CH5)["results"]
+    if not r.get("tiny_architecture"):
+        return Row(("no controlled panel in chapter 5's run",), INCONCLUSIVE, "run chapter 7, then chapter 5")
+    a = next(x for x in r["tiny_architecture"] if x["task"] == TINY_STRICT_TASK)
+    ctx, failed = _tiny_precondition(res)
+    if a.get("partial_rho") is None:
+        return Row(("architecture test not computed", ctx), INCONCLUSIVE, a.get("note") or "too few models")
+    ours = (f"partial ρ of S given the variant = {num(a['partial_rho'], 2)}, within-variant permutation p = "
+            f"{a['partial_p']:.2g}; nested F-test p = {a['F_p']:.2g} (n = {a['n']})", ctx)
+    v = (REPRODUCED if a["partial_rho"] > 0 else NOT_REPRODUCED) if a["partial_p"] < 0.05 else INCONCLUSIVE
+    if failed:
+        return Row(ours, INCONCLUSIVE, f"{failed}; the test alone would say {v}")
+    return Row(ours, v, "two-sided within-variant permutation test at 5 %")
 
 
 @claim("8a", "Injecting QK-RMSNorm after pretraining fails", ("inject_ifeval_before", "inject_ifeval_after"), CH6,
@@ -483,6 +558,8 @@ def _ablation_order(res):
 @claim("9b", "Mechanism (causal test, ours): the VL loss flows through the sink heads' W_Q/W_K; restoring them "
        "brings strict formats back, random heads or other weights of the same norm do not", (), CH8)
 def _repair(res):
+    from .repair import repair_outcome
+
     doc = res(CH8)
     rows = doc["results"]["repair"]
     out = {}
@@ -490,7 +567,8 @@ def _repair(res):
         mine = [r for r in rows if r["model"] == m]
         f0 = mine[0]["fraction"]
         t = [r for r in mine if r["fraction"] == f0 and r["metric"] in _strict()]
-        lost = sorted({r["metric"] for r in t if r["loss_hi"] < 0})
+        o = repair_outcome(t, _strict())
+        lost, back = o["lost"], o["back"]
         by = {(r["control"], r["metric"]): r for r in t}
         loss = "; ".join(f"{mt} VL - base {r['loss']:+.1f} [{r['loss_lo']:+.1f}, {r['loss_hi']:+.1f}]"
                          for mt in _strict() for r in [by.get(("sink heads", mt))] if r)
@@ -500,8 +578,7 @@ def _repair(res):
         if not lost:
             out[m] = (ours, NOT_REPRODUCED, "precondition failed: the VL loss is within noise (nothing to recover)")
             continue
-        back = {c: any(by[(c, mt)]["lo"] > 0 for mt in lost if (c, mt) in by) for c in ("sink heads", "random heads", "other rows")}
-        worse = any(by[("sink heads", mt)]["hi"] < 0 for mt in lost if ("sink heads", mt) in by)
+        worse = o["down"]["sink heads"]
         if back["sink heads"] and not (back["random heads"] or back["other rows"]):
             v, w = REPRODUCED, "the sink heads' restore brings a lost score back outside noise; neither control does"
         elif worse or not back["sink heads"] and (back["random heads"] or back["other rows"]):

@@ -21,11 +21,11 @@ from pathlib import Path
 from .errors import ParameterError, ResultsMissing
 
 # which chapters each 90-minute session runs (the guide's prose says why); every chapter exactly once. Sessions 1
-# and 2 are the course; session 3 is an optional extension (or homework) on the causal tests
+# and 2 are the course; session 3 is an optional extension (or homework) on the controlled panel and the causal tests
 SESSIONS: dict[str, list[str]] = {
     "Session 1: what a sink is and how to measure it": ["01", "02", "03"],
     "Session 2: adaptation, the panel and the repairs": ["04", "05", "06"],
-    "Session 3 (optional): switching the sink off": ["08"],
+    "Session 3 (optional): a controlled panel, and switching the sink off": ["07", "08"],
 }
 SESSION_MINUTES = 90
 RESULTS_NAME = "course_times"

@@ -29,7 +29,7 @@ from scipy import stats
 
 from .anatomy import QK_NORM_TYPES
 from .errors import PanelError
-from .panel_schema import (PAPER_CSV, REQUIRED_COLUMNS, STRICT_TASK, TASK_PREFIX, collect_panel_rows, read_panel, task_column,
+from .panel_schema import (PAPER_CSV, PANEL_KEYS, REQUIRED_COLUMNS, STRICT_TASK, TASK_PREFIX, TINY_STRICT_TASK, collect_panel_rows, read_panel, task_column,
                            task_columns, usable, validate_panel)
 from .params import COMMON, check_str, integer, list_of, number, text
 from .plots import QK_NORM_COLORS
@@ -501,6 +501,21 @@ def measured_statistic(summary: dict[str, pd.DataFrame] | None, stat: str, tasks
             if np.isfinite(r["mae_model"]) else f"n/a: {r['note']}")
 
 
+def architecture_statistic(summary: dict[str, pd.DataFrame] | None, task: str = STRICT_TASK) -> str:
+    """The architecture test of one task of a `panel_summary` as text: the partial rho of S with its
+    within-variant permutation p-value and the nested F-test's p-value (or why they are missing)."""
+    if summary is None:
+        return "n/a: no measured panel"
+    ar = summary["architecture"].set_index("task")
+    if task not in ar.index:
+        return f"n/a: no column {task}"
+    r = ar.loc[task]
+    if not np.isfinite(r.get("partial_rho", np.nan)):
+        return f"n/a: {r['note']}"
+    return (f"partial rho of S given the QK-norm variant {r['partial_rho']:+.2f} (within-variant permutation "
+            f"p = {r['partial_p']:.3g}); nested F-test of S beyond the variant p = {r['F_p']:.3g} (n = {int(r['n'])})")
+
+
 # --------------------------------------------------------------------------- the parameters of chapter 5
 
 
@@ -522,7 +537,7 @@ from .plots import scatter_panel  # noqa: E402
 from .panel_display import TASK_ABBREVIATIONS, availability_table, panel_tables, summary_tables, task_label  # noqa: E402
 
 __all__ = [
-    "REQUIRED_COLUMNS", "TASK_PREFIX", "QK_NORM_TYPES", "PAPER_CSV", "QK_PALETTE", "STRICT_TASK",
+    "REQUIRED_COLUMNS", "TASK_PREFIX", "QK_NORM_TYPES", "PAPER_CSV", "QK_PALETTE", "STRICT_TASK", "architecture_statistic", "TINY_STRICT_TASK", "PANEL_KEYS",
     "task_column", "task_columns", "measured_statistic", "CHAPTER5_PARAMS", "validate_panel", "read_panel",
     "collect_panel_rows", "usable", "rho_from_d2", "d2_from_rho", "PermutationResult", "spearman_permutation",
     "rho_null", "pvalue_from_null", "fisher_ci", "bootstrap_ci", "SpearmanResult", "spearman",

@@ -14,8 +14,9 @@ source     str       where the row's numbers come from (non-empty)
 =========  ========  ===========================================================
 
 Other columns (``note``, ``results_file``) are carried along and ignored by the statistics.
-Measured rows come from ``results.panel_rows`` of the results files (`collect_panel_rows`;
-chapter 4 writes them with `sinklib.pairs.panel_row`).
+Measured rows come from the results files (`collect_panel_rows`): ``results.panel_rows`` (chapter 4's
+pairs of embedded models, written with `sinklib.pairs.panel_row`) and ``results.tiny_panel_rows``
+(chapter 7's controlled panel of tiny models, `sinklib.tiny.panel`), two panels never mixed.
 """
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def task_column(metric: str) -> str:
 #: the measured panel's strict instruction-following change: written by chapter 4
 #: (`sinklib.pairs.panel_row`), the headline task of chapter 5's measured panel
 STRICT_TASK = task_column("instructions strict")
+
+
+#: the controlled panel's strict-format change (chapter 7's tiny models, `sinklib.tiny.adapt.PANEL_METRICS`),
+#: the headline task of chapter 5's second measured panel
+TINY_STRICT_TASK = task_column("format strict")
 
 
 def task_columns(df: pd.DataFrame) -> list[str]:
@@ -172,20 +178,29 @@ def read_panel(path: str | Path | None = None, *, min_rows: int = 0) -> pd.DataF
     return validate_panel(raw, min_rows=min_rows, where=f"panel CSV {p.name}")
 
 
+#: the results keys of the measured panels (the contract between the chapters that write rows and chapter 5):
+#: 'pairs' = chapter 4's VL pairs of embedded models, 'tiny' = chapter 7's controlled panel of tiny models
+PANEL_KEYS: dict[str, str] = {"pairs": "panel_rows", "tiny": "tiny_panel_rows"}
+
+
 def _results_dir(results_dir: str | Path | None) -> Path:
     if results_dir is not None:
         return Path(results_dir)
     return _default_results_dir(create=False)
 
 
-def collect_panel_rows(results_dir: str | Path | None = None) -> pd.DataFrame:
-    """All measured pairs: ``results.panel_rows`` of every ``*.json`` in the results folder.
+def collect_panel_rows(results_dir: str | Path | None = None, panel: str = "pairs") -> pd.DataFrame:
+    """All measured rows of one panel (`PANEL_KEYS`: 'pairs' reads ``results.panel_rows``, 'tiny'
+    ``results.tiny_panel_rows``) of every ``*.json`` in the results folder.
 
     The folder is ``results_dir``, else ``sinklib.resources.results_dir()``. Files
     without ``panel_rows`` are skipped; a ``results_file`` column names each row's file.
     Returns an empty frame with the schema columns when there are no rows; the rows found
     are validated (PanelError names the file on a malformed JSON or a bad row).
     """
+    if panel not in PANEL_KEYS:
+        raise PanelError(f"parameter 'panel' got {panel!r}; allowed: {', '.join(PANEL_KEYS)}")
+    key = PANEL_KEYS[panel]
     d = _results_dir(results_dir)
     rows: list[dict] = []
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
@@ -194,15 +209,15 @@ def collect_panel_rows(results_dir: str | Path | None = None) -> pd.DataFrame:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PanelError(f"results file {str(f)!r} is not valid JSON: {e}") from None
         res = doc.get("results") if isinstance(doc, dict) else None
-        pr = res.get("panel_rows") if isinstance(res, dict) else None
+        pr = res.get(key) if isinstance(res, dict) else None
         if pr is None:
             continue
         if not isinstance(pr, list) or not all(isinstance(r, dict) for r in pr):
-            raise PanelError(f"results file {f.name}: results.panel_rows must be a list of objects (one per pair)")
+            raise PanelError(f"results file {f.name}: results.{key} must be a list of objects (one per pair)")
         rows.extend({**r, "results_file": f.name} for r in pr)
     if not rows:
         return pd.DataFrame(columns=[*REQUIRED_COLUMNS, "results_file"])
-    return validate_panel(pd.DataFrame(rows), where=f"measured panel in {d}")
+    return validate_panel(pd.DataFrame(rows), where=f"measured panel '{panel}' in {d}")
 
 
 def usable(df: pd.DataFrame, task: str, predictor: str = "S") -> pd.DataFrame:

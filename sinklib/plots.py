@@ -165,8 +165,9 @@ def change_label(task: str) -> str:
 
 
 def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 2,
-                  axes: Sequence[Any] | None = None):
-    """One scatter per task: S (x) against the change in points (y), labelled by pair, coloured by qk_norm.
+                  axes: Sequence[Any] | None = None, label_points: bool = True):
+    """One scatter per task: S (x) against the change in points (y), labelled by pair (unless
+    `label_points` is False: a panel of many models), coloured by qk_norm.
 
     Returns the matplotlib Figure (a new one, or the one holding ``axes``: one Axes per
     plotted task). Tasks with no pair holding both values are skipped; each panel's title
@@ -197,10 +198,10 @@ def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", nc
             s = d[d["qk_norm"] == g]
             if len(s):
                 ax.scatter(s["S"], s[t], color=QK_NORM_COLORS[g], label=g, s=45, edgecolor="black", linewidth=0.5)
-        for _, r in d.iterrows():
+        for _, r in (d.iterrows() if label_points else ()):
             ax.annotate(str(r["pair"]).replace(" (this book)", ""), (r["S"], r[t]), textcoords="offset points",
                         xytext=(0, 7), ha="center", fontsize=MIN_FONT_PT).set_in_layout(False)
-        ax.margins(x=0.3, y=0.25)
+        ax.margins(x=0.3 if label_points else 0.08, y=0.25 if label_points else 0.1)
         ax.axhline(0, color="grey", lw=0.8, ls=":")
         sub = short_label(t[len(TASK_PREFIX):])
         if len(d) >= 3 and np.ptp(d["S"]) > 0 and np.ptp(d[t]) > 0:

@@ -169,6 +169,29 @@ def repair_changes(base_ev: Mapping, vl_ev: Mapping, repaired: Mapping[str, Mapp
     return pd.DataFrame(rows)
 
 
+REPAIR_CONTROLS = ("sink heads", "random heads", "other rows")
+
+
+def moved(lo: float, hi: float) -> str:
+    """The chapter's rule for one paired 95 % interval of a change: 'up' (excludes zero above), 'down', or
+    'no change'."""
+    return "up" if lo > 0 else "down" if hi < 0 else "no change"
+
+
+def repair_outcome(rows: Sequence[Mapping], metrics: Sequence[str]) -> dict:
+    """One model's repair by the rule that chapter 8's sentences and claim 9b share: `rows` are
+    `repair_changes` records of one fraction; -> {'lost': metrics whose VL - base interval lies below zero,
+    'back' / 'down': per control, whether its restore moved a lost metric up / down outside the noise}."""
+    by = {(r["control"], r["metric"]): r for r in rows if r["metric"] in metrics}
+    lost = [m for m in metrics if any(moved(r["loss_lo"], r["loss_hi"]) == "down"
+                                      for (c, mt), r in by.items() if mt == m)]
+    return {"lost": lost,
+            "back": {c: any(moved(by[(c, m)]["lo"], by[(c, m)]["hi"]) == "up" for m in lost if (c, m) in by)
+                     for c in REPAIR_CONTROLS},
+            "down": {c: any(moved(by[(c, m)]["lo"], by[(c, m)]["hi"]) == "down" for m in lost if (c, m) in by)
+                     for c in REPAIR_CONTROLS}}
+
+
 def repair_verdict(table, metrics: Sequence[str] = ("instructions strict", "math strict")) -> str:
     """One model's repair in words, by the chapter's rule (a paired 95 % interval that excludes zero): for each
     strict-format metric, whether adaptation lost it, and whether restoring the sink heads' W_Q/W_K brought it
@@ -179,11 +202,11 @@ def repair_verdict(table, metrics: Sequence[str] = ("instructions strict", "math
         if t.empty:
             continue
         g = t.iloc[0]
-        lost = g.loss_hi < 0
+        lost = m in repair_outcome(t.to_dict(orient="records"), [m])["lost"]
         head = (f"{m}: VL {'lost' if lost else 'did not lose'} it ({g.loss:+.1f} [{g.loss_lo:+.1f}, {g.loss_hi:+.1f}])")
         moves = []
         for r in t.itertuples():
-            word = "back up" if r.lo > 0 else ("down" if r.hi < 0 else "no change")
+            word = {"up": "back up", "down": "down", "no change": "no change"}[moved(r.lo, r.hi)]
             moves.append(f"{r.control} {r.change:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}] ({word})")
         parts.append(head + "; restored " + ", ".join(moves))
     return ". ".join(parts)

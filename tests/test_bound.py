@@ -420,3 +420,29 @@ def test_equalising_gains_undo_the_compression_but_not_the_coupling():
     assert (eq.coupled_change.iloc[:-1] > 0).all() and np.isnan(eq.coupled_change.iloc[-1])  # coupling remains
     with pytest.raises(ParameterError, match="layerwise"):
         gain_effect(x, wq, wk, QKSpec("per_head", 5, 5, 16, 0.25, 1e-6), hs)
+
+
+def test_remark1_heads_on_the_three_tiny_variants():
+    """Remark 1's quantities on real (tiny, random) models: under layerwise QK-norm with unit gains a head's
+    normalised query norm is exactly sqrt(dh) times its raw share; under per-head it is sqrt(dh) whatever the
+    share; the summary gives no rank correlation for a constant column."""
+    import math
+
+    from sinklib.bound import remark1_summary, remark1_table
+    from sinklib.tiny import model as tm
+
+    size = tm.size_config(d_model=32, n_layers=2, n_heads=4, ffn=64, context=64, vocab_size=50)
+    prompts = [list(range(1, 20)), list(range(5, 25))]
+    tables = {v: remark1_table(tm.build(v, size, seed=0), prompts) for v in tm.VARIANTS}
+    dh = 32 // 4
+    lw, ph = tables["layerwise"], tables["per_head"]
+    assert len(lw) == 8 and set(lw["norm"]) == {"layerwise"}
+    np.testing.assert_allclose(lw["query_norm"], math.sqrt(dh) * lw["raw_share"], rtol=1e-4)
+    np.testing.assert_allclose(ph["query_norm"], math.sqrt(dh), rtol=1e-4)
+    assert ph["raw_share"].std() > 0.01  # the raw shares do differ; the normalisation hides them
+    s = remark1_summary(ph)
+    assert np.isnan(s["rho_share_query_norm"]) and s["query_norm_spread"] < 1.001
+    s = remark1_summary(lw)
+    assert s["rho_share_query_norm"] == pytest.approx(1.0) and s["p_share_query_norm"] < 0.05
+    with pytest.raises(ParameterError, match="prompt_ids is empty"):
+        remark1_table(tm.build("none", size, seed=0), [])

@@ -218,7 +218,7 @@ def test_dose_panel_draws_one_line_per_control():
 
 
 @pytest.mark.parametrize("draft,schema", [("08_causal_tests", "sinklib.causal:CHAPTER8_PARAMS"),
-                                          ("drafts/07_tiny_panel", "sinklib.tiny.panel:CHAPTER7_PARAMS")])
+                                          ("07_controlled_panel", "sinklib.tiny.panel:CHAPTER7_PARAMS")])
 def test_chapter_parameters_are_the_schema(draft, schema):
     """A chapter (or draft) declares exactly the parameters its schema checks, with valid defaults."""
     import importlib

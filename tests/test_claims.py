@@ -129,6 +129,28 @@ def ch5(rho=None):
                  "measured_lopo": [{"task": r["task"], "mae_model": None, "mae_constant": None}]}, models=())
 
 
+def ch5_tiny(rho=None, partial=None):
+    t = "delta_format_strict"
+    r = {"task": t, "n": 15, "rho": None, "ci_boot_lo": None, "ci_boot_hi": None, "p_value": None, "note": "x"}
+    if rho is not None:
+        r.update(rho=rho[0], ci_boot_lo=rho[1], ci_boot_hi=rho[2], p_value=0.01, note="")
+    a = {"task": t, "n": 15, "partial_rho": None, "partial_p": None, "F_p": None, "note": "too few"}
+    if partial is not None:
+        a.update(partial_rho=partial[0], partial_p=partial[1], F_p=partial[1], note="")
+    return _doc({"tiny_rho": [r], "tiny_lopo": [{"task": t, "mae_model": 3.0, "mae_constant": 4.0}],
+                 "tiny_architecture": [a]}, models=())
+
+
+def ch7(sinks=1.0, lost=0.5, lw=(0.8, 0.001, 3.0), ph_spread=1.2):
+    pre = [{"precondition": "a sink formed in training", "models": f"{round(15 * sinks)} of 15", "share": sinks},
+           {"precondition": "VL lost strict-format score", "models": f"{round(15 * lost)} of 15", "share": lost}]
+    rem = [{"variant": "layerwise", "rho_share_query_norm": lw[0], "p_share_query_norm": lw[1],
+            "query_norm_spread": lw[2], "raw_share_spread": lw[2], "rho_share_logit_range": 0.5},
+           {"variant": "per_head", "rho_share_query_norm": float("nan"), "p_share_query_norm": float("nan"),
+            "query_norm_spread": ph_spread, "raw_share_spread": 2.0, "rho_share_logit_range": 0.1}]
+    return _doc({"preconditions": pre, "remark1": rem}, models=())
+
+
 def _inj_scores(instr, math, n=1000, ppl=30.0):
     return [{"suite": "instructions", "metric": "strict", **dict(zip(("score", "lo", "hi"), claims.wilson_pct(instr, n))),
              "n": n}, {"suite": "math", "metric": "strict", **dict(zip(("score", "lo", "hi"), claims.wilson_pct(math, n))),
@@ -177,14 +199,24 @@ def ch8_repair(loss_hi, sink_lo, random_lo=-5.0, other_lo=-5.0, sink_hi=10.0):
 
 C1, C2, C3, C4, C5, C6 = ("01_sink_definition", "02_sink_strength", "03_perturbation_bound", "04_vl_adaptation",
                           "05_panel_correlations", "06_negative_controls")
-C8 = "08_causal_tests"
+C7, C8 = "07_controlled_panel", "08_causal_tests"
 CASES = [
     ("1", {C1: ch1(0.6)}, REPRODUCED), ("1", {C1: ch1(0.03)}, NOT_REPRODUCED), ("1", {C1: ch1(0.2)}, INCONCLUSIVE),
     ("2a", {C2: ch2(1.0)}, REPRODUCED), ("2a", {C2: ch2(4.0)}, NOT_REPRODUCED), ("2a", {C2: ch2(2.0)}, INCONCLUSIVE),
     ("3", {C2: ch2()}, REPRODUCED), ("3", {C2: ch2(margin=-0.05)}, NOT_REPRODUCED),
     ("3", {C2: ch2(ns=(5, 10))}, INCONCLUSIVE),
     ("4a", {C3: ch3()}, REPRODUCED), ("4a", {C3: ch3(viol=1)}, NOT_REPRODUCED),
-    ("4a", {C3: ch3(slopes=(1.0, 1.0))}, INCONCLUSIVE), ("4b", {C3: ch3()}, INCONCLUSIVE),
+    ("4a", {C3: ch3(slopes=(1.0, 1.0))}, INCONCLUSIVE),
+    ("4b", {C7: ch7()}, REPRODUCED), ("4b", {C7: ch7(lw=(-0.8, 0.001, 3.0))}, NOT_REPRODUCED),
+    ("4b", {C7: ch7(lw=(0.3, 0.2, 3.0))}, INCONCLUSIVE), ("4b", {C7: ch7(ph_spread=5.0)}, INCONCLUSIVE),
+    ("7d", {C5: ch5_tiny((0.6, 0.2, 0.9)), C7: ch7()}, REPRODUCED),
+    ("7d", {C5: ch5_tiny((-0.6, -0.9, -0.2)), C7: ch7()}, NOT_REPRODUCED),
+    ("7d", {C5: ch5_tiny((0.6, 0.2, 0.9)), C7: ch7(sinks=0.0)}, INCONCLUSIVE),     # no sink: precondition
+    ("7d", {C5: ch5_tiny((0.6, 0.2, 0.9)), C7: ch7(lost=0.0)}, INCONCLUSIVE),      # nothing lost to predict
+    ("7d", {C5: ch5_tiny(), C7: ch7()}, INCONCLUSIVE),
+    ("7e", {C5: ch5_tiny(partial=(0.5, 0.01)), C7: ch7()}, REPRODUCED),
+    ("7e", {C5: ch5_tiny(partial=(-0.5, 0.01)), C7: ch7()}, NOT_REPRODUCED),
+    ("7e", {C5: ch5_tiny(partial=(0.5, 0.3)), C7: ch7()}, INCONCLUSIVE),
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 70))})}, REPRODUCED),
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 40))})}, NOT_REPRODUCED),                 # knowledge lost too
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 70), vqa=40.0)})}, NOT_REPRODUCED),       # VL did not learn to see
@@ -241,7 +273,7 @@ def test_every_computed_claim_has_three_cases():
     for cid, _, v in CASES:
         covered.setdefault(cid, set()).add(v)
     for c in claims.CLAIMS:
-        probe = c.compute.__name__ == "<lambda>" or c.id == "4b"
+        probe = c.compute.__name__ == "<lambda>"
         assert probe or covered.get(c.id) == {REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE}, c.id
 
 

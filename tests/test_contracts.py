@@ -114,3 +114,26 @@ def test_chapter_schemas_share_their_parts():
         panel.CHAPTER5_PARAMS["panel_csv"]("panel_csv", "/no/such/file.csv")
     with pytest.raises(ParameterError, match="image_size"):
         pairs.pair_params("m", image_size=16)  # one range for image_size: vl's (a multiple of 3 in [24, 512])
+
+
+def test_tiny_panel_rows_of_chapter_7_are_what_chapter_5_reads_as_its_second_panel(tmp_path):
+    from sinklib.tiny.panel import TASKS, results_entry
+
+    assert panel.TINY_STRICT_TASK in TASKS
+    rows = pd.DataFrame([pairs.panel_row(f"tiny-{q}-{i}", S=float(i), qk_norm=q,
+                                         changes={"format strict": -5.0 * i, "knowledge acc": 1.0})
+                         for i, q in enumerate(("none", "per_head", "layerwise", "none"))])
+    rows["setting"] = "pilot"
+    (tmp_path / "07_controlled_panel.json").write_text(json.dumps({"results": results_entry(rows)}))
+    (tmp_path / "04_vl_adaptation.json").write_text(json.dumps({"results": {"panel_rows": [
+        pairs.panel_row("m", S=1.0, qk_norm="none", changes={"instructions strict": -3.0})]}}))
+    tiny = panel.collect_panel_rows(tmp_path, panel="tiny")
+    assert len(tiny) == 4 and panel.TINY_STRICT_TASK in panel.task_columns(tiny)
+    assert list(panel.collect_panel_rows(tmp_path)["llm"]) == ["m"]  # the two panels are never mixed
+    summary = panel.panel_summary(tiny, n_boot=99, n_perm=99)
+    assert panel.TINY_STRICT_TASK in panel.measured_statistic(summary, "rho", tasks=(panel.TINY_STRICT_TASK,))
+    text = panel.architecture_statistic(summary, panel.TINY_STRICT_TASK)
+    assert text.startswith("n/a") or "within-variant permutation" in text
+    assert panel.architecture_statistic(None).startswith("n/a")
+    with pytest.raises(PanelError, match="allowed: pairs, tiny"):
+        panel.collect_panel_rows(tmp_path, panel="vl")

@@ -345,6 +345,9 @@ def test_scatter_panel_draws_labelled_axes():
     assert "rho" in axes[0].get_title() and "n = 1" in axes[1].get_title()
     with pytest.raises(PanelError, match="nothing to plot"):
         P.scatter_panel(P.validate_panel(make_panel(S=[None] * 6)))
+    labelled = sum(len(a.texts) for a in fig.axes)
+    bare = P.scatter_panel(P.validate_panel(make_panel()), label_points=False)
+    assert labelled > 0 and sum(len(a.texts) for a in bare.axes) == 0  # a panel of many models: no labels
 
 
 # --------------------------------------------------------------------------- display tables (chapter 5)

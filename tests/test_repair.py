@@ -131,3 +131,25 @@ def test_repair_changes_and_verdict_follow_the_paired_rule():
     v = repair.repair_verdict(t, metrics=["instructions strict"])
     assert "VL lost it (-75.0" in v and "sink heads +75.0" in v and "(back up)" in v and "random heads +0.0" in v
     assert "(no change)" in v
+
+
+def test_repair_outcome_is_the_shared_rule():
+    """repair_outcome: a metric is lost when VL - base lies below zero; a control repairs it when its restore's
+    interval lies above zero; chapter 8's sentence (repair_verdict) and claim 9b both read it."""
+    import pandas as pd
+
+    from sinklib.repair import moved, repair_outcome, repair_verdict
+
+    def row(c, m, loss_hi, lo, hi):
+        return {"control": c, "metric": m, "loss": loss_hi - 5, "loss_lo": loss_hi - 10, "loss_hi": loss_hi,
+                "change": (lo + hi) / 2, "lo": lo, "hi": hi}
+    rows = [row("sink heads", "math strict", -2, 1, 9), row("random heads", "math strict", -2, -3, 4),
+            row("other rows", "math strict", -2, -8, -1), row("sink heads", "instructions strict", 3, 2, 8)]
+    o = repair_outcome(rows, ["instructions strict", "math strict"])
+    assert o["lost"] == ["math strict"]  # instructions were not lost, so their 'up' does not count
+    assert o["back"] == {"sink heads": True, "random heads": False, "other rows": False}
+    assert o["down"] == {"sink heads": False, "random heads": False, "other rows": True}
+    assert [moved(1, 2), moved(-2, -1), moved(-1, 1)] == ["up", "down", "no change"]
+    text = repair_verdict(pd.DataFrame(rows))
+    assert "math strict: VL lost it" in text and "instructions strict: VL did not lose it" in text
+    assert "sink heads +5.0 [+1.0, +9.0] (back up)" in text and "other rows -4.5 [-8.0, -1.0] (down)" in text

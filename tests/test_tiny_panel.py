@@ -71,3 +71,68 @@ def test_statistics_on_a_synthetic_tiny_panel():
     assert lo.mae_model < lo.mae_constant
     ar = st["architecture"].set_index("task").loc["delta_format_strict"]
     assert ar.r2_arch_plus_S > ar.r2_arch and np.isfinite(ar.F_p)
+
+
+def _synthetic_rows(strict, S, q):
+    return pd.DataFrame([{"pair": f"m{i}", "vlm": "", "llm": f"m{i}", "S": s, "qk_norm": v, "source": "synthetic",
+                          "delta_format_strict": d, "delta_format_lenient": float(np.sin(3 * i)),
+                          "delta_knowledge_acc": float(np.cos(5 * i)), "sink_formed": i % 2 == 0, "in_band": True,
+                          "knowledge_above_chance": i < 3, "strict_paired_lo": d - 5, "strict_paired_hi": d + 5,
+                          "lenient_paired_lo": -1.0, "lenient_paired_hi": 1.0, "knowledge_paired_lo": -2.0,
+                          "knowledge_paired_hi": 2.0, "S_vl": s - 0.1, "setting": "pilot", "vqa": 30.0,
+                          "vqa_majority": 38.0, "text_only_format_strict": d / 2, "text_only_strict_paired_lo": d / 2 - 4,
+                          "text_only_strict_paired_hi": d / 2 + 4, "vqa_learned": False}
+                         for i, (d, s, v) in enumerate(zip(strict, S, q))])
+
+
+def test_hypotheses_and_preconditions_follow_the_intervals():
+    """H1 reproduced when strict change rises with S, not reproduced when it falls; H4 from the per-variant means;
+    preconditions counted."""
+    from sinklib.panel_schema import validate_panel
+    from sinklib.tiny.panel import hypotheses, panel_statistics, preconditions
+    from sinklib.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+
+    q = ["none", "per_head", "layerwise"] * 4
+    S = [0.1 * i for i in range(12)]
+    up = validate_panel(_synthetic_rows([-20 + 1.5 * i + (3 if v == "per_head" else 0) for i, v in enumerate(q)], S, q))
+    h = hypotheses(up, panel_statistics(up, n_boot=499, n_perm=999)).set_index("hypothesis")["verdict"]
+    assert h["H1 S predicts the strict-format change"] == REPRODUCED
+    assert h["H4 per-head QK-norm models lose less"] in (REPRODUCED, INCONCLUSIVE)
+    assert h["H5 S predicts held-out models better than a constant"] == REPRODUCED
+    down = validate_panel(_synthetic_rows([-1.5 * i for i in range(12)], S, q))
+    h = hypotheses(down, panel_statistics(down, n_boot=499, n_perm=999)).set_index("hypothesis")
+    assert h.loc["H1 S predicts the strict-format change", "verdict"] == NOT_REPRODUCED
+    # the synthetic text-only change is half the VL change: VL loses more, as the paper says (H6)
+    assert h.loc["H6 the loss is VL-specific: text-only training to the same end loses less", "verdict"] == REPRODUCED
+    assert "0.971" in h.loc["H1 S predicts the strict-format change", "paper"]  # from the reported-numbers page
+    pre = preconditions(down).set_index("precondition")
+    assert pre.loc["a sink formed in training", "models"] == "6 of 12"
+    assert pre.loc["the VL model learned the visual task", "models"] == "0 of 12"
+    assert pre.loc["knowledge above chance", "models"] == "3 of 12"
+    tiny = validate_panel(_synthetic_rows([-1.0, -2.0], [0.1, 0.2], ["none", "per_head"]))
+    h = hypotheses(tiny, panel_statistics(tiny)).set_index("hypothesis")["verdict"]
+    assert (h == INCONCLUSIVE).all()  # n = 2: nothing computed, nothing claimed
+
+
+def test_prepare_fills_the_cache_in_worker_processes(tmp_cache):
+    """Two one-thread workers make the quick panel's models; run_panel then only reads the cache."""
+    from sinklib.tiny.panel import panel_plan, prepare, run_panel
+
+    done = prepare(panel_plan("quick"), "quick", jobs=2, log=None)
+    assert sorted(d["variant"] for d in done) == ["none", "per_head"]
+    res = run_panel("quick", log=None)
+    assert len(res["rows"]) == 2 and res["seconds"] < min(d["seconds"] for d in done) + 30
+    with pytest.raises(ParameterError, match="jobs"):
+        prepare(panel_plan("quick"), "quick", jobs=0)
+
+
+def test_change_table_and_knowledge_chance():
+    from sinklib.panel_schema import validate_panel
+    from sinklib.tiny.panel import change_table, knowledge_above_chance
+
+    rows = validate_panel(_synthetic_rows([-20.0, -10.0], [0.1, 0.2], ["none", "per_head"]))
+    t = change_table(rows)
+    assert list(t["strict: VL"]) == ["-20 [-25, -15]", "-10 [-15, -5]"]
+    assert list(t["strict: text-only"]) == ["-10 [-14, -6]", "-5 [-9, -1]"]
+    assert t["VQA / majority"].iloc[0] == "30 / 38"
+    assert knowledge_above_chance(45.0, 72) and not knowledge_above_chance(30.6, 72)  # 30.6 % of 72: lower end < 25

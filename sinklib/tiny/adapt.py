@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .. import cache, pairs, vl
+from .. import cache, pairs, panel_schema, vl
 from ..errors import ParameterError
 from ..evals.grading import paired_ci, paired_ppl_ci
 from ..models import Loaded
@@ -57,7 +57,7 @@ PANEL_METRICS: tuple[tuple[str, str, str], ...] = (("format", "strict", "format 
                                                    ("knowledge", "acc", "knowledge acc"),
                                                    ("perplexity", "ppl", "perplexity ppl"))
 #: the strict-format column of a tiny panel (the headline task of chapter 7's test)
-TINY_STRICT_TASK = "delta_format_strict"
+TINY_STRICT_TASK = panel_schema.TINY_STRICT_TASK
 ADAPT_CONDITIONS = ("base", "vl", "text_only", "random")
 
 

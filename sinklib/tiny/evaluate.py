@@ -58,6 +58,10 @@ def format_suite(model, tokenizer, n: int = EVAL_DEFAULTS["n_format"], seed: int
                        {"seed": seed, "max_new_tokens": max_new_tokens})
 
 
+#: options per knowledge question: chance accuracy is 100 / KNOWLEDGE_OPTIONS %
+KNOWLEDGE_OPTIONS = 4
+
+
 def knowledge_suite(model, tokenizer, n: int = EVAL_DEFAULTS["n_knowledge"], seed: int = 0,
                     batch_size: int = 32) -> SuiteResult:
     """Four-option questions about the invented countries, the option with the highest log-likelihood
@@ -84,7 +88,7 @@ def knowledge_suite(model, tokenizer, n: int = EVAL_DEFAULTS["n_knowledge"], see
     scores, ci = {}, {}
     for m in ("acc", "acc_norm"):
         scores[m], ci[m] = proportion_ci_pct([p[m] for p in per])
-    return SuiteResult("knowledge", len(per), scores, ci, per, time.perf_counter() - t0, {"seed": seed, "options": 4})
+    return SuiteResult("knowledge", len(per), scores, ci, per, time.perf_counter() - t0, {"seed": seed, "options": KNOWLEDGE_OPTIONS})
 
 
 def perplexity_suite(model, tokenizer, n: int = EVAL_DEFAULTS["n_prose"], seed: int = 0,

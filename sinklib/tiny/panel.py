@@ -19,25 +19,29 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from .. import panel as stats
 from ..errors import ParameterError
 from ..panel_schema import validate_panel
-from ..params import check_choice
-from .adapt import PANEL_METRICS, adapt
+from ..params import check_choice, check_int
+from .adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
 from .model import VARIANTS
-from .pilot import PILOT_RECIPE, pilot
+from .pilot import PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink_formed
 
-#: the training settings of the full panel, applied on top of the profile's base recipe (name -> overrides):
-#: the pilot recipe itself, another seed, a lower learning rate, no weight decay, no BOS token
+#: training settings, applied on top of the profile's base recipe (name -> overrides)
 SETTINGS: dict[str, dict] = {
-    "pilot": {},
-    "seed1": {"seed": 1},
-    "lr_low": {"lr": 3e-3},
-    "wd0": {"weight_decay": 0.0},
-    "no_bos": {"bos": False},
+    "pilot": {},                      # the base recipe itself
+    "chain0": {"chain_share": 0.0},   # no Bigram-Backcopy chain drills (they grow heads that park on the first token)
+    "lr_high": {"lr": 2e-2},          # a higher peak learning rate
+    "lr_low": {"lr": 3e-3},           # a lower one
+    "no_bos": {"bos": False},         # no BOS token: the first token is an ordinary word
+    "seed1": {"seed": 1},             # another seed (initialisation and data order)
+    "wd0": {"weight_decay": 0.0},     # no weight decay
 }
+#: the settings of the full panel: chosen to move S within a variant (chapter 7)
+FULL_SETTINGS: tuple[str, ...] = ("pilot", "chain0", "lr_high", "no_bos")
 
 #: the profiles: base recipe (train_tiny kwargs), settings, variants, adaptation recipe, evaluation sizes
 PROFILES: dict[str, dict] = {
@@ -50,7 +54,7 @@ PROFILES: dict[str, dict] = {
         "eval": dict(n_format=10, n_knowledge=8, n_prose=4, max_new_tokens=4, vqa_n=12),
     },
     "full": {
-        "train": PILOT_RECIPE, "settings": SETTINGS, "variants": VARIANTS, "recipe": {}, "eval": {},
+        "train": PILOT_RECIPE, "settings": {k: SETTINGS[k] for k in FULL_SETTINGS}, "variants": VARIANTS, "recipe": {}, "eval": {},
     },
 }
 
@@ -77,17 +81,92 @@ def panel_plan(profile: str = "full", settings: Mapping[str, Mapping] | None = N
             for v in variants for name, over in settings.items()]
 
 
+_SHORT = {"format strict": "strict", "format lenient": "lenient", "knowledge acc": "knowledge"}
+
+
+def _total(x) -> float:
+    """The sum of a number or of the numbers in nested dicts (seconds logged per condition and stage)."""
+    return float(sum(_total(v) for v in x.values())) if isinstance(x, Mapping) else float(x or 0.0)
+
+
+def n_knowledge(prof: Mapping) -> int:
+    """The number of knowledge items a profile evaluates."""
+    from .evaluate import EVAL_DEFAULTS
+
+    return int({**EVAL_DEFAULTS, **prof["eval"]}["n_knowledge"])
+
+
+def knowledge_above_chance(score: float, n: int) -> bool:
+    """Whether a knowledge accuracy (%) on n four-option items lies above chance: its Wilson 95 % interval's
+    lower end above 100 / KNOWLEDGE_OPTIONS %."""
+    from ..verdicts import wilson_pct
+    from .evaluate import KNOWLEDGE_OPTIONS
+
+    return bool(wilson_pct(score, n).lo > 100 / KNOWLEDGE_OPTIONS)
+
+
+def _eval_kwargs(prof: Mapping) -> dict:
+    return {k: v for k, v in prof["eval"].items() if not k.startswith("vqa_")}
+
+
+def _prepare_one(job: tuple[dict, str, int]) -> dict:
+    """One model of a plan, in a worker process: trained, evaluated and adapted into the cache."""
+    spec, profile, threads = job
+    import torch
+
+    from .train import train_tiny
+
+    torch.set_num_threads(threads)
+    prof = PROFILES[profile]
+    t0 = time.perf_counter()
+    pilot(spec["variant"], eval_kwargs=_eval_kwargs(prof), **spec["train"])
+    adapt(train_tiny(spec["variant"], **spec["train"]), recipe=prof["recipe"], eval_kwargs=prof["eval"])
+    return {"variant": spec["variant"], "setting": spec["setting"], "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def prepare(plan: Sequence[dict], profile: str, *, jobs: int = 2, threads: int = 1, log=print) -> list[dict]:
+    """Fill the cache for every model of `plan` with `jobs` worker processes of `threads` torch threads each
+    (training a tiny model barely uses a second core, so two one-thread jobs finish a panel sooner than one
+    two-thread job; measured in chapter 7). The tokenizers are built first, in this process, so that the
+    workers never build the same one at once; every later cache entry has its own key."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from .tokenizer import get_tokenizer
+    from .train import train_params
+
+    jobs = check_int("jobs", jobs, 1, 64)
+    threads = check_int("threads", threads, 1, 256)
+    for spec in plan:
+        tp = train_params(spec["variant"], **spec["train"])
+        get_tokenizer(add_bos=tp["bos"], **{k: v for k, v in tp["tokenizer"].items()
+                                            if k not in ("kind", "version", "corpus_version")})
+    # setting-major: the base recipe's models (the pilot) of every variant come first
+    order = list(dict.fromkeys(spec["setting"] for spec in plan))
+    todo = sorted(plan, key=lambda spec: order.index(spec["setting"]))
+    done = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+        for r in ex.map(_prepare_one, [(dict(spec), profile, threads) for spec in todo]):
+            done.append(r)
+            if log:
+                log(f"prepared {r['variant']:9s} {r['setting']:8s} in {r['seconds']:.0f} s")
+    return done
+
+
 def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None = None,
-              variants: Sequence[str] | None = None, progress: bool = False, log=print) -> dict:
+              variants: Sequence[str] | None = None, progress: bool = False, log=print, jobs: int = 1) -> dict:
     """Train (or load), evaluate and adapt every model of the plan; returns {'rows' (DataFrame in the panel
-    schema, validated, plus setting, base scores and seconds), 'models' (per-model details), 'seconds'}."""
+    schema, validated, plus setting, base scores and seconds), 'models' (per-model details), 'seconds'}.
+    With `jobs` > 1 the models missing from the cache are first made by `prepare` (one torch thread per job)."""
     prof = PROFILES[check_choice("profile", profile, tuple(PROFILES))]
     t0 = time.perf_counter()
+    plan = panel_plan(profile, settings, variants)
+    if check_int("jobs", jobs, 1, 64) > 1:
+        prepare(plan, profile, jobs=jobs, log=log)
     rows, models = [], []
-    for spec in panel_plan(profile, settings, variants):
+    for spec in plan:
         t1 = time.perf_counter()
-        base = pilot(spec["variant"], eval_kwargs={k: v for k, v in prof["eval"].items() if not k.startswith("vqa_")},
-                     progress=progress, **spec["train"])
+        base = pilot(spec["variant"], eval_kwargs=_eval_kwargs(prof), progress=progress, **spec["train"])
         from .train import train_tiny
 
         run = train_tiny(spec["variant"], **spec["train"])
@@ -95,6 +174,15 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
         row = {**res["panel_row"], "setting": spec["setting"], "S_init": run.S_init,
                "base_strict": base["strict"], "base_lenient": base["lenient"], "base_knowledge": base["knowledge"],
                "base_ppl": base["ppl"], "train_seconds": base["train_seconds"],
+               "max_mass": base["max_mass_final"], "sink_formed": sink_formed(run.S_init, base["S_final"]),
+               "in_band": bool(base["all_in_band"]),
+               "knowledge_above_chance": knowledge_above_chance(base["knowledge"], n_knowledge(prof)),
+               **{f"{_SHORT[name]}_paired_{b}": res["changes"][c][name][f"paired_{b}"]
+                  for c, name in (("vl", "format strict"), ("vl", "format lenient"), ("vl", "knowledge acc"))
+                  for b in ("lo", "hi")},
+               **({f"text_only_strict_paired_{b}": res["changes"]["text_only"]["format strict"][f"paired_{b}"]
+                   for b in ("lo", "hi")} if "text_only" in res["changes"] else {}),
+               "eval_seconds": base["eval_seconds"], "adapt_seconds": round(_total(res["seconds"]), 1),
                "vqa_learned": bool(res["vqa"]["learned"]) if res["vqa"] else False}
         rows.append(row)
         models.append({"spec": spec, "pilot": {k: v for k, v in base.items() if k not in ("examples",)},
@@ -105,6 +193,205 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
                 f"VQA {row['vqa']:.1f} vs {row['vqa_majority']:.1f}  ({time.perf_counter() - t1:.0f} s)")
     df = validate_panel(pd.DataFrame(rows), where=f"tiny panel ({profile})")
     return {"rows": df, "models": models, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def results_entry(rows: pd.DataFrame) -> dict:
+    """What chapter 7 saves so that chapter 5 reads its rows as the controlled panel
+    (``results[PANEL_KEYS['tiny']]``, read back by ``collect_panel_rows(panel='tiny')``)."""
+    from ..panel_schema import PANEL_KEYS
+
+    df = validate_panel(rows, where="tiny panel")
+    return {PANEL_KEYS["tiny"]: json.loads(df.to_json(orient="records"))}
+
+
+def preconditions(rows: pd.DataFrame) -> pd.DataFrame:
+    """What the test of the claim presupposes, counted over the panel's models: a sink formed in training
+    (`pilot.sink_formed`), every base score inside `pilot.SCORE_BAND`, VL adaptation lost strict-format
+    score outside the noise (paired 95 % interval below zero), and the VL model learned the visual task (VQA
+    interval above the majority answer)."""
+    n = len(rows)
+    checks = [
+        ("a sink formed in training", f"S rose by at least {SINK_RISE} (log-odds) from initialisation",
+         rows["sink_formed"]),
+        ("base scores inside the band", f"strict, lenient and knowledge all in {SCORE_BAND[0]:.0f}-{SCORE_BAND[1]:.0f} %",
+         rows["in_band"]),
+        ("knowledge above chance", "Wilson 95 % interval of the base knowledge score above chance (4 options: 25 %)",
+         rows["knowledge_above_chance"]),
+        ("VL lost strict-format score", "paired 95 % interval of the change below zero", rows["strict_paired_hi"] < 0),
+        ("the VL model learned the visual task", "VQA interval above the blind majority answer", rows["vqa_learned"]),
+    ]
+    return pd.DataFrame([{"precondition": name, "rule": rule, "models": f"{int(v.sum())} of {n}",
+                          "share": float(v.mean()) if n else float("nan")} for name, rule, v in checks])
+
+
+def _rho_est(rho_table: pd.DataFrame, task: str):
+    from ..verdicts import Est
+
+    r = rho_table.set_index("task").loc[task]
+    return Est(float(r["rho"]), float(r["ci_boot_lo"]), float(r["ci_boot_hi"])), r
+
+
+def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """A verdict per hypothesis of the paper on the controlled panel, by the book's rules (`sinklib.verdicts`):
+    the 95 % interval decides; a statistic that could not be computed is inconclusive, with the reason.
+
+    H1 S predicts the strict-format change (rho > 0: a stronger sink, a smaller loss); H2 S adds to the QK-norm
+    variant (partial rho > 0 with S permuted within variants); H3 S does not predict the lenient-format and
+    knowledge changes (the paper: format-sensitive skills only; the interval containing zero agrees with it);
+    H4 per-head QK-norm models lose less strict-format score than models without QK-norm (mean changes per
+    variant, Welch interval); H5 leave-one-model-out prediction from S beats the constant (no interval); H6 the
+    loss is specific to VL: the text-only control loses less (paired over models, t interval)."""
+    import math
+
+    from scipy import stats as sst
+
+    from ..panel_schema import TINY_STRICT_TASK, task_column
+    from ..reported import reported
+    from ..verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, direction, est
+
+    out = []
+    paper_rho = f"rho {reported('rho_ifeval_6'):.3f} (6 pairs, IFEval)"
+    paper_lopo = f"{reported('lopo_S'):.2f} vs {reported('lopo_constant'):.2f} pt"
+    paper_ph = (f"IFEval change per-head {reported('ifeval_per_head_max'):+.1f} to {reported('ifeval_per_head_min'):+.1f}, "
+                f"none {reported('ifeval_none_max'):+.1f} to {reported('ifeval_none_min'):+.1f} pt")
+
+    def add(h, paper, ours, verdict, why):
+        out.append({"hypothesis": h, "paper": paper, "this panel": ours, "verdict": verdict, "why": why})
+
+    rho_t = st["rho"]
+    e, r = _rho_est(rho_t, TINY_STRICT_TASK)
+    if math.isnan(e.v):
+        add("H1 S predicts the strict-format change", paper_rho, "not computed", INCONCLUSIVE, r["note"])
+    else:
+        add("H1 S predicts the strict-format change", paper_rho,
+            f"rho {est(e, 2)} (n = {int(r['n'])}, p = {r['p_value']:.3g})", direction(e, +1),
+            "bootstrap 95 % interval of rho")
+    ar = st["architecture"].set_index("task").loc[TINY_STRICT_TASK]
+    pr, pp = ar.get("partial_rho", float("nan")), ar.get("partial_p", float("nan"))
+    if pr is None or not np.isfinite(pr):
+        add("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)", "not computed",
+            INCONCLUSIVE, str(ar.get("note", "")))
+    else:
+        v = (REPRODUCED if pr > 0 else NOT_REPRODUCED) if pp < 0.05 else INCONCLUSIVE
+        add("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)",
+            f"partial rho {pr:+.2f}, within-variant permutation p = {pp:.3g}; nested F-test p = {ar['F_p']:.3g}",
+            v, "two-sided within-variant permutation test at 5 %")
+    for metric in ("format lenient", "knowledge acc"):
+        e, r = _rho_est(rho_t, task_column(metric))
+        if math.isnan(e.v):
+            add(f"H3 S does not predict the {metric} change", "no relation", "not computed", INCONCLUSIVE, r["note"])
+        else:
+            add(f"H3 S does not predict the {metric} change", "no relation",
+                f"rho {est(e, 2)} (p = {r['p_value']:.3g})",
+                REPRODUCED if e.lo <= 0 <= e.hi else NOT_REPRODUCED,
+                "the interval contains zero (no relation found; weak evidence on a small panel)"
+                if e.lo <= 0 <= e.hi else "the interval excludes zero: S relates to this change too")
+    by = {q: rows.loc[rows["qk_norm"] == q, TINY_STRICT_TASK].dropna().to_numpy(float) for q in ("per_head", "none")}
+    if min(len(x) for x in by.values()) < 2:
+        add("H4 per-head QK-norm models lose less", paper_ph, "too few models", INCONCLUSIVE,
+            "needs two models of each variant")
+    else:
+        a, b = by["per_head"], by["none"]
+        d = a.mean() - b.mean()
+        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        se = math.sqrt(va + vb)
+        dof = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1) if va else 0) + (vb ** 2 / (len(b) - 1) if vb else 0) or 1e-300)
+        t = sst.t.ppf(0.975, dof) if se > 0 else 0.0
+        e = Est(d, d - t * se, d + t * se)
+        add("H4 per-head QK-norm models lose less", paper_ph,
+            f"per-head minus none {est(e)} pt ({len(a)} + {len(b)} models)", direction(e, +1),
+            "Welch 95 % interval of the difference of mean strict-format changes")
+    if "text_only_format_strict" in rows and rows["text_only_format_strict"].notna().sum() >= 2:
+        d = (rows[TINY_STRICT_TASK] - rows["text_only_format_strict"]).dropna().to_numpy(float)
+        se = d.std(ddof=1) / math.sqrt(len(d))
+        t = sst.t.ppf(0.975, len(d) - 1) if se > 0 else 0.0
+        e = Est(float(d.mean()), float(d.mean() - t * se), float(d.mean() + t * se))
+        add("H6 the loss is VL-specific: text-only training to the same end loses less",
+            f"text-only IFEval change {reported('text_only_ifeval'):+.1f} pt against VL's "
+            f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
+            f"(mean over {len(d)} models)", direction(e, -1),
+            "paired t 95 % interval over models of the VL change minus the text-only change (negative: VL loses more)")
+    lo = st["lopo"].set_index("task").loc[TINY_STRICT_TASK]
+    if not np.isfinite(lo["mae_model"]):
+        add("H5 S predicts held-out models better than a constant", paper_lopo, "not computed", INCONCLUSIVE,
+            str(lo["note"]))
+    else:
+        add("H5 S predicts held-out models better than a constant", paper_lopo,
+            f"{lo['mae_model']:.2f} vs {lo['mae_constant']:.2f} pt (n = {int(lo['n'])})", INCONCLUSIVE
+            if abs(lo["mae_model"] - lo["mae_constant"]) < 0.1 * lo["mae_constant"] else
+            REPRODUCED if lo["mae_model"] < lo["mae_constant"] else NOT_REPRODUCED,
+            "leave-one-model-out mean absolute error, no interval: within 10 % of the constant's is a tie")
+    return pd.DataFrame(out)
+
+
+def change_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The panel for reading: one row per model, each change under VL with its paired 95 % interval, the
+    text-only control's strict change beside it, S before and after, VQA against the majority answer."""
+    def ci(v, lo, hi):
+        return f"{v:+.0f} [{lo:+.0f}, {hi:+.0f}]"
+
+    out = []
+    for _, r in rows.iterrows():
+        d = {"variant": r["qk_norm"], "setting": r["setting"], "S": round(r["S"], 2), "S after VL": round(r["S_vl"], 2),
+             "strict: VL": ci(r[TINY_STRICT_TASK], r["strict_paired_lo"], r["strict_paired_hi"])}
+        if "text_only_strict_paired_lo" in r and pd.notna(r.get("text_only_strict_paired_lo")):
+            d["strict: text-only"] = ci(r["text_only_format_strict"], r["text_only_strict_paired_lo"],
+                                        r["text_only_strict_paired_hi"])
+        d["lenient: VL"] = ci(r["delta_format_lenient"], r["lenient_paired_lo"], r["lenient_paired_hi"])
+        d["knowledge: VL"] = ci(r["delta_knowledge_acc"], r["knowledge_paired_lo"], r["knowledge_paired_hi"])
+        d["VQA / majority"] = f"{r['vqa']:.0f} / {r['vqa_majority']:.0f}"
+        out.append(d)
+    return pd.DataFrame(out)
+
+
+def pilot_table(models: Sequence[Mapping], setting: str = "pilot") -> pd.DataFrame:
+    """The pilot: the models of `setting` (the base recipe, one per variant) from `run_panel(...)['models']`."""
+    rows = []
+    for m in models:
+        if m["spec"]["setting"] != setting:
+            continue
+        r = m["pilot"]
+        rows.append({"variant": m["spec"]["variant"], "parameters": r["n_parameters"], "steps": r["steps"],
+                     "train s": r["train_seconds"], "S at init": r["S_init"], "S trained": r["S_final"],
+                     "sink formed": sink_formed(r["S_init"], r["S_final"]), "max head mass": r["max_mass_final"],
+                     "strict": r["strict"], "lenient": r["lenient"], "knowledge": r["knowledge"], "ppl": r["ppl"],
+                     "scores in band": r["all_in_band"]})
+    return pd.DataFrame(rows)
+
+
+def findings(pilot: pd.DataFrame, rows: pd.DataFrame, pre: pd.DataFrame, hyp: pd.DataFrame) -> dict[str, str]:
+    """The chapter's result sentences, computed (glued into its prose): 'pilot', 'sinks', 'band', 'lost',
+    'vqa', 'chance', 'text_only', 'spread', 'verdicts', 'h1', 'h6'."""
+    out = {}
+    parts = []
+    for _, r in pilot.iterrows():
+        rise = r["S trained"] - r["S at init"]
+        sink = "a sink formed" if r["sink formed"] else f"rise {rise:+.2f}, below the {SINK_RISE} a sink needs"
+        band = "inside" if r["scores in band"] else "not all inside"
+        parts.append(f"{r['variant']}: S {r['S at init']:+.2f} at initialisation, {r['S trained']:+.2f} after "
+                     f"{r['steps']} steps ({sink}; largest head mass {r['max head mass']:.2f}; scores {band} the band)")
+    out["pilot"] = "; ".join(parts)
+    pre_t = pre.set_index("precondition")["models"]
+    out["sinks"] = f"a sink formed in {pre_t['a sink formed in training']} models"
+    out["band"] = f"base scores inside the band in {pre_t['base scores inside the band']} models"
+    out["lost"] = f"VL lost strict-format score outside the noise in {pre_t['VL lost strict-format score']} models"
+    out["vqa"] = f"the VL model learned the visual task in {pre_t['the VL model learned the visual task']} models"
+    out["chance"] = f"the base knowledge score lies above chance in {pre_t['knowledge above chance']} models"
+    if "text_only_format_strict" in rows:
+        vl, to = rows[TINY_STRICT_TASK], rows["text_only_format_strict"]
+        out["text_only"] = (f"mean strict-format change {vl.mean():+.1f} points under VL and {to.mean():+.1f} under the "
+                            f"text-only control (VL minus text-only per model: {(vl - to).min():+.0f} to "
+                            f"{(vl - to).max():+.0f})")
+    sp = rows.groupby("qk_norm")["S"].agg(["count", "min", "max"])
+    out["spread"] = "; ".join(f"{v}: {int(r['count'])} models, S {r['min']:+.2f} to {r['max']:+.2f} "
+                              f"(range {r['max'] - r['min']:.2f})" for v, r in sp.iterrows())
+    out["verdicts"] = "; ".join(f"{r['hypothesis']}: {r['verdict']} ({r['this panel']})" for _, r in hyp.iterrows())
+    h1 = hyp.iloc[0]
+    out["h1"] = f"{h1['this panel']}: {h1['verdict']}"
+    h6 = hyp[hyp.hypothesis.str.startswith("H6")]
+    out["h6"] = (f"{h6.iloc[0]['this panel']}: {h6.iloc[0]['verdict']}" if len(h6)
+                 else "not computed (no text-only control in this run)")
+    return out
 
 
 def panel_statistics(df: pd.DataFrame, tasks: Sequence[str] = TASKS, *, seed: int = 0, **kw) -> dict[str, pd.DataFrame]:
@@ -119,10 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="quick", choices=tuple(PROFILES))
     ap.add_argument("--variants", nargs="+", default=None)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes of one torch thread each (see prepare)")
     ap.add_argument("--out", default=None, help="write rows and statistics as JSON here")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    res = run_panel(a.profile, variants=a.variants)
+    res = run_panel(a.profile, variants=a.variants, jobs=a.jobs)
     st = panel_statistics(res["rows"])
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         for k in ("rho", "lopo", "architecture"):
@@ -144,8 +432,8 @@ def _chapter7_params() -> dict:
     from ..params import COMMON, boolean, choice, integer, list_of
 
     return {"panel": choice(tuple(PROFILES)), "variants": list_of(choice(VARIANTS)),
-            "settings": list_of(choice(tuple(SETTINGS))), "threads": integer(1, 256), "show_progress": boolean(),
-            **COMMON}
+            "settings": list_of(choice(tuple(SETTINGS))), "jobs": integer(1, 64), "threads": integer(1, 256),
+            "remark_prompts": integer(1, 64), "show_progress": boolean(), **COMMON}
 
 
 #: the parameters of chapter 7 (one `validate` call in the notebook)

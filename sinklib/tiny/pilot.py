@@ -58,7 +58,7 @@ PILOT_TRIALS: list[tuple[str, str, dict]] = [
 
 #: the recipe of the last pilot (the 'L' rows above), the base of the full panel (`sinklib.tiny.panel`); on
 #: top of TRAIN_DEFAULTS (16 x 128 concatenated rows, lr 1e-2 with 5 % warm-up then cosine, wd 0.1, BOS)
-PILOT_RECIPE: dict = {"chain_share": 0.3, "size": {"n_heads": 8}, "steps": 2000}
+PILOT_RECIPE: dict = {"chain_share": 0.3, "size": {"n_heads": 8}, "steps": 1000}
 
 
 def S_from_mass(mass, first_layer: int = 1) -> float:
@@ -74,6 +74,27 @@ def S_from_mass(mass, first_layer: int = 1) -> float:
 def max_mass(checkpoint: dict) -> float:
     """The largest mean first-token attention of any head at one logged checkpoint."""
     return round(float(np.max(checkpoint["mass"])), 4)
+
+
+def _between_layers(ratio: list) -> list:
+    return list(ratio[1:-1]) if len(ratio) > 2 else list(ratio)
+
+
+def emergence_table(log: dict) -> "pd.DataFrame":
+    """Sink emergence along training, one row per logged checkpoint of a run's log (`TinyRun.log`): step, S,
+    S without layer 0 (`S_from_mass`), the largest and the median head mass on the first token, the share of
+    heads whose mass exceeds 0.5 (sink heads) and the largest ratio, over the residual stream between layers
+    (`sink_norms`' entries 1..L-1: neither the embeddings nor the final normed output), of the first token's
+    hidden-state norm to the median of the other tokens' (a massive activation shows as a ratio far above 1)."""
+    import pandas as pd
+
+    rows = []
+    for c in log["checkpoints"]:
+        m = np.asarray(c["mass"], dtype=float)
+        rows.append({"step": int(c["step"]), "S": float(c["S"]), "S_L1": S_from_mass(m),
+                     "max_mass": float(m.max()), "median_mass": float(np.median(m)),
+                     "sink_heads": float((m > 0.5).mean()), "max_norm_ratio": float(max(_between_layers(c["sink_norm"]["ratio"])))})
+    return pd.DataFrame(rows)
 
 
 def trial_table(trials=None, *, only_cached: bool = True, evaluate_too: bool = False):
