@@ -369,6 +369,16 @@ def _tulu(res):
 CH5 = "05_panel_correlations"
 
 
+@claim("6d", "Text-only fine-tuning to the same endpoint does not cause the loss (controlled tiny panel)",
+       ("text_only_ifeval",), CH7, "{text_only_ifeval:+.1f} pt (text-only)")
+def _tiny_text_only(res):
+    hyp = [h for h in res(CH7)["results"]["hypotheses"] if h["hypothesis"].startswith("H6")]
+    if not hyp:
+        return Row(("no text-only control in chapter 7's run",), INCONCLUSIVE, "run chapter 7 with its text-only control")
+    h = hyp[0]
+    return Row((h["this panel"],), h["verdict"], h["why"] + "; tiny models that did not learn the visual task")
+
+
 @claim("7a", "S predicts the loss: Spearman ρ(S, IFEval change) over six pairs; leave-one-pair-out error below a "
        "constant's", ("rho_ifeval_6", "lopo_S", "lopo_constant"), CH5,
        "ρ = {rho_ifeval_6:.3f} (n = 6); LOPO {lopo_S:.2f} vs {lopo_constant:.2f} pt")
@@ -403,8 +413,8 @@ def _tiny_precondition(res) -> tuple[str, str]:
     sink, lost = pre["a sink formed in training"], pre["VL lost strict-format score"]
     text = f"sink formed in {sink['models']} models; VL lost strict-format score outside the noise in {lost['models']}"
     if sink["share"] < 0.5:
-        return text, f"precondition: a sink formed in only {sink['models']} tiny models, so S varies among models " \
-                     "mostly without a sink"
+        return text, (f"precondition: a sink formed in {sink['models']} tiny models, so S varies among models "
+                      f"{'without' if sink['share'] == 0 else 'mostly without'} a sink")
     if lost["share"] == 0:
         return text, "precondition: no tiny model lost strict-format score outside the noise, so there is no loss to predict"
     return text, ""

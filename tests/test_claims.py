@@ -141,14 +141,16 @@ def ch5_tiny(rho=None, partial=None):
                  "tiny_architecture": [a]}, models=())
 
 
-def ch7(sinks=1.0, lost=0.5, lw=(0.8, 0.001, 3.0), ph_spread=1.2):
+def ch7(sinks=1.0, lost=0.5, lw=(0.8, 0.001, 3.0), ph_spread=1.2, h6="reproduced"):
     pre = [{"precondition": "a sink formed in training", "models": f"{round(15 * sinks)} of 15", "share": sinks},
            {"precondition": "VL lost strict-format score", "models": f"{round(15 * lost)} of 15", "share": lost}]
     rem = [{"variant": "layerwise", "rho_share_query_norm": lw[0], "p_share_query_norm": lw[1],
             "query_norm_spread": lw[2], "raw_share_spread": lw[2], "rho_share_logit_range": 0.5},
            {"variant": "per_head", "rho_share_query_norm": float("nan"), "p_share_query_norm": float("nan"),
             "query_norm_spread": ph_spread, "raw_share_spread": 2.0, "rho_share_logit_range": 0.1}]
-    return _doc({"preconditions": pre, "remark1": rem}, models=())
+    hyp = [{"hypothesis": "H6 the loss is VL-specific", "this panel": "VL minus text-only -5.0 [-8.0, -2.0] pt",
+            "verdict": h6, "why": "paired t"}]
+    return _doc({"preconditions": pre, "remark1": rem, "hypotheses": hyp}, models=())
 
 
 def _inj_scores(instr, math, n=1000, ppl=30.0):
@@ -217,6 +219,8 @@ CASES = [
     ("7e", {C5: ch5_tiny(partial=(0.5, 0.01)), C7: ch7()}, REPRODUCED),
     ("7e", {C5: ch5_tiny(partial=(-0.5, 0.01)), C7: ch7()}, NOT_REPRODUCED),
     ("7e", {C5: ch5_tiny(partial=(0.5, 0.3)), C7: ch7()}, INCONCLUSIVE),
+    ("6d", {C7: ch7()}, REPRODUCED), ("6d", {C7: ch7(h6=NOT_REPRODUCED)}, NOT_REPRODUCED),
+    ("6d", {C7: ch7(h6=INCONCLUSIVE)}, INCONCLUSIVE),
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 70))})}, REPRODUCED),
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 40))})}, NOT_REPRODUCED),                 # knowledge lost too
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 70), vqa=40.0)})}, NOT_REPRODUCED),       # VL did not learn to see
