@@ -301,16 +301,6 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
         add("H4 per-head QK-norm models lose less", paper_ph,
             f"per-head minus none {est(e)} pt ({len(a)} + {len(b)} models)", direction(e, +1),
             "Welch 95 % interval of the difference of mean strict-format changes")
-    if "text_only_format_strict" in rows and rows["text_only_format_strict"].notna().sum() >= 2:
-        d = (rows[TINY_STRICT_TASK] - rows["text_only_format_strict"]).dropna().to_numpy(float)
-        se = d.std(ddof=1) / math.sqrt(len(d))
-        t = sst.t.ppf(0.975, len(d) - 1) if se > 0 else 0.0
-        e = Est(float(d.mean()), float(d.mean() - t * se), float(d.mean() + t * se))
-        add("H6 the loss is VL-specific: text-only training to the same end loses less",
-            f"text-only IFEval change {reported('text_only_ifeval'):+.1f} pt against VL's "
-            f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
-            f"(mean over {len(d)} models)", direction(e, -1),
-            "paired t 95 % interval over models of the VL change minus the text-only change (negative: VL loses more)")
     lo = st["lopo"].set_index("task").loc[TINY_STRICT_TASK]
     if not np.isfinite(lo["mae_model"]):
         add("H5 S predicts held-out models better than a constant", paper_lopo, "not computed", INCONCLUSIVE,
@@ -321,6 +311,16 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
             if abs(lo["mae_model"] - lo["mae_constant"]) < 0.1 * lo["mae_constant"] else
             REPRODUCED if lo["mae_model"] < lo["mae_constant"] else NOT_REPRODUCED,
             "leave-one-model-out mean absolute error, no interval: within 10 % of the constant's is a tie")
+    if "text_only_format_strict" in rows and rows["text_only_format_strict"].notna().sum() >= 2:
+        d = (rows[TINY_STRICT_TASK] - rows["text_only_format_strict"]).dropna().to_numpy(float)
+        se = d.std(ddof=1) / math.sqrt(len(d))
+        t = sst.t.ppf(0.975, len(d) - 1) if se > 0 else 0.0
+        e = Est(float(d.mean()), float(d.mean() - t * se), float(d.mean() + t * se))
+        add("H6 the loss is VL-specific: text-only training to the same end loses less",
+            f"text-only IFEval change {reported('text_only_ifeval'):+.1f} pt against VL's "
+            f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
+            f"(mean over {len(d)} models)", direction(e, -1),
+            "paired t 95 % interval over models of the VL change minus the text-only change (negative: VL loses more)")
     return pd.DataFrame(out)
 
 
