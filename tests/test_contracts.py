@@ -137,3 +137,13 @@ def test_tiny_panel_rows_of_chapter_7_are_what_chapter_5_reads_as_its_second_pan
     assert panel.architecture_statistic(None).startswith("n/a")
     with pytest.raises(PanelError, match="allowed: pairs, tiny"):
         panel.collect_panel_rows(tmp_path, panel="vl")
+
+
+def test_chapter_7_summarises_with_chapter_5s_resampling_sizes():
+    """Chapter 7 prints the controlled panel's statistics before chapter 5 does; both must print the same
+    numbers, so chapter 7 uses chapter 5's full-profile resampling sizes."""
+    from sinklib import book
+    from sinklib.tiny.panel import STAT_KW
+
+    full = book.load_profile("05_panel_correlations", "full")
+    assert {k: full[k] for k in STAT_KW} == STAT_KW

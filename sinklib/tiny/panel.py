@@ -191,7 +191,10 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
             log(f"{spec['variant']:9s} {spec['setting']:8s} S {row['S']:+.3f} (init {run.S_init:+.3f}, VL "
                 f"{row['S_vl']:+.3f})  strict change {row['delta_format_strict']:+.1f}  "
                 f"VQA {row['vqa']:.1f} vs {row['vqa_majority']:.1f}  ({time.perf_counter() - t1:.0f} s)")
-    df = validate_panel(pd.DataFrame(rows), where=f"tiny panel ({profile})")
+    df = pd.DataFrame(rows)
+    # changes are differences of item shares: equal changes must compare equal (ties), also after a JSON round trip
+    df[list(TASKS)] = df[list(TASKS)].astype(float).round(6)
+    df = validate_panel(df, where=f"tiny panel ({profile})")
     return {"rows": df, "models": models, "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -394,9 +397,15 @@ def findings(pilot: pd.DataFrame, rows: pd.DataFrame, pre: pd.DataFrame, hyp: pd
     return out
 
 
+#: the resampling sizes of chapter 5's full profile, so that chapter 7's summary and chapter 5's section on
+#: the controlled panel print the same intervals and p-values
+STAT_KW = {"n_boot": 9999, "n_perm": 99999}
+
+
 def panel_statistics(df: pd.DataFrame, tasks: Sequence[str] = TASKS, *, seed: int = 0, **kw) -> dict[str, pd.DataFrame]:
-    """`sinklib.panel.panel_summary` on the tiny panel's task columns (never raises on a small panel)."""
-    return stats.panel_summary(df, [t for t in tasks if t in df.columns], seed=seed, **kw)
+    """`sinklib.panel.panel_summary` on the tiny panel's task columns (never raises on a small panel), with
+    chapter 5's resampling sizes (`STAT_KW`) unless given."""
+    return stats.panel_summary(df, [t for t in tasks if t in df.columns], seed=seed, **{**STAT_KW, **kw})
 
 
 def main(argv: list[str] | None = None) -> int:
