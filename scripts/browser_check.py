@@ -6,7 +6,8 @@ Per page of the table of contents, at 1280 px wide: it loads without console err
 remote http(s) resources are ignored: the book is read offline); every internal link and image resolves;
 every figure in a chapter's output is followed by a caption ("Figure N.k."); math is rendered by MathJax (no
 raw TeX delimiters left); no table or display equation is wider than the content column. A screenshot of
-every page (1280 px and a 390 px phone width) goes to ``_build/screenshots/``. Chromium is Debian's package
+every page (1280 px and a 390 px phone width) goes to ``_build/screenshots/``; at the phone width the page
+itself must not scroll sideways. Chromium is Debian's package
 (``/usr/bin/chromium``), driven by Playwright without downloading a browser.
 """
 from __future__ import annotations
@@ -97,6 +98,16 @@ def chromium() -> str | None:
 _IDS: dict[Path, set[str]] = {}
 
 
+#: at a phone width the page itself must not scroll sideways (wide tables and equations scroll inside their own
+#: box, book/_static/narrow.css)
+PHONE_JS = r"""
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  return {page: document.documentElement.scrollWidth, view: window.innerWidth};
+}
+"""
+
+
 def _ids(path: Path) -> set[str]:
     if path not in _IDS:
         _IDS[path] = set(re.findall(r'\bid="([^"]+)"', path.read_text(errors="replace")))
@@ -160,6 +171,9 @@ def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = 
             page.close()
             mob = phone.new_page()
             mob.goto(f.as_uri(), wait_until="load")
+            w = mob.evaluate(PHONE_JS)
+            if w["page"] > w["view"] + 2:
+                rep.problems.append(f"at {w['view']} px (a phone) the page scrolls sideways: it is {w['page']} px wide")
             mob.screenshot(path=str(shots / f"{safe}.phone.png"), full_page=False)
             mob.close()
             reports.append(rep)
