@@ -456,7 +456,9 @@ def _tiny_beyond(res):
         return Row(("architecture test not computed", ctx), INCONCLUSIVE, a.get("note") or "too few models")
     ours = (f"partial ρ of S given the variant = {num(a['partial_rho'], 2)}, within-variant permutation p = "
             f"{a['partial_p']:.2g}; nested F-test p = {a['F_p']:.2g} (n = {a['n']})", ctx)
-    v = (REPRODUCED if a["partial_rho"] > 0 else NOT_REPRODUCED) if a["partial_p"] < 0.05 else INCONCLUSIVE
+    from .tiny.panel import beyond_architecture
+
+    v = beyond_architecture(a["partial_rho"], a["partial_p"])
     if failed:
         return Row(ours, INCONCLUSIVE, f"{failed}; the test alone would say {v}")
     return Row(ours, v, "two-sided within-variant permutation test at 5 %")

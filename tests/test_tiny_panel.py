@@ -135,4 +135,7 @@ def test_change_table_and_knowledge_chance():
     assert list(t["strict: VL"]) == ["-20 [-25, -15]", "-10 [-15, -5]"]
     assert list(t["strict: text-only"]) == ["-10 [-14, -6]", "-5 [-9, -1]"]
     assert t["VQA / majority"].iloc[0] == "30 / 38"
-    assert knowledge_above_chance(45.0, 72) and not knowledge_above_chance(30.6, 72)  # 30.6 % of 72: lower end < 25
+    from sinklib.verdicts import wilson_pct
+
+    # the rule reads the Wilson lower end the evaluation stores: 45 % of 72 items is above chance, 30.6 % is not
+    assert knowledge_above_chance(wilson_pct(45.0, 72).lo) and not knowledge_above_chance(wilson_pct(30.6, 72).lo)

@@ -27,6 +27,7 @@ from ..errors import ParameterError
 from ..panel_schema import validate_panel
 from ..params import check_choice, check_int
 from .adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
+from .evaluate import KNOWLEDGE_OPTIONS
 from .model import VARIANTS
 from .pilot import PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink_formed
 
@@ -89,20 +90,12 @@ def _total(x) -> float:
     return float(sum(_total(v) for v in x.values())) if isinstance(x, Mapping) else float(x or 0.0)
 
 
-def n_knowledge(prof: Mapping) -> int:
-    """The number of knowledge items a profile evaluates."""
-    from .evaluate import EVAL_DEFAULTS
-
-    return int({**EVAL_DEFAULTS, **prof["eval"]}["n_knowledge"])
-
-
-def knowledge_above_chance(score: float, n: int) -> bool:
-    """Whether a knowledge accuracy (%) on n four-option items lies above chance: its Wilson 95 % interval's
-    lower end above 100 / KNOWLEDGE_OPTIONS %."""
-    from ..verdicts import wilson_pct
+def knowledge_above_chance(ci_low: float) -> bool:
+    """Whether a base knowledge accuracy lies above chance: the lower end of its Wilson 95 % interval (%, as
+    the evaluation stores it) above 100 / KNOWLEDGE_OPTIONS %."""
     from .evaluate import KNOWLEDGE_OPTIONS
 
-    return bool(wilson_pct(score, n).lo > 100 / KNOWLEDGE_OPTIONS)
+    return bool(ci_low > 100 / KNOWLEDGE_OPTIONS)
 
 
 def _eval_kwargs(prof: Mapping) -> dict:
@@ -132,15 +125,12 @@ def prepare(plan: Sequence[dict], profile: str, *, jobs: int = 2, threads: int =
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from .tokenizer import get_tokenizer
-    from .train import train_params
+    from .train import run_tokenizer, train_params
 
     jobs = check_int("jobs", jobs, 1, 64)
     threads = check_int("threads", threads, 1, 256)
     for spec in plan:
-        tp = train_params(spec["variant"], **spec["train"])
-        get_tokenizer(add_bos=tp["bos"], **{k: v for k, v in tp["tokenizer"].items()
-                                            if k not in ("kind", "version", "corpus_version")})
+        run_tokenizer(train_params(spec["variant"], **spec["train"]))
     # setting-major: the base recipe's models (the pilot) of every variant come first
     order = list(dict.fromkeys(spec["setting"] for spec in plan))
     todo = sorted(plan, key=lambda spec: order.index(spec["setting"]))
@@ -176,7 +166,7 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
                "base_ppl": base["ppl"], "train_seconds": base["train_seconds"],
                "max_mass": base["max_mass_final"], "sink_formed": sink_formed(run.S_init, base["S_final"]),
                "in_band": bool(base["all_in_band"]),
-               "knowledge_above_chance": knowledge_above_chance(base["knowledge"], n_knowledge(prof)),
+               "knowledge_above_chance": knowledge_above_chance(base["ci"]["knowledge"]["acc"][0]),
                **{f"{_SHORT[name]}_paired_{b}": res["changes"][c][name][f"paired_{b}"]
                   for c, name in (("vl", "format strict"), ("vl", "format lenient"), ("vl", "knowledge acc"))
                   for b in ("lo", "hi")},
@@ -218,13 +208,23 @@ def preconditions(rows: pd.DataFrame) -> pd.DataFrame:
          rows["sink_formed"]),
         ("base scores inside the band", f"strict, lenient and knowledge all in {SCORE_BAND[0]:.0f}-{SCORE_BAND[1]:.0f} %",
          rows["in_band"]),
-        ("knowledge above chance", "Wilson 95 % interval of the base knowledge score above chance (4 options: 25 %)",
-         rows["knowledge_above_chance"]),
+        ("knowledge above chance", f"Wilson 95 % interval of the base knowledge score above chance "
+         f"({KNOWLEDGE_OPTIONS} options: {100 / KNOWLEDGE_OPTIONS:.0f} %)", rows["knowledge_above_chance"]),
         ("VL lost strict-format score", "paired 95 % interval of the change below zero", rows["strict_paired_hi"] < 0),
         ("the VL model learned the visual task", "VQA interval above the blind majority answer", rows["vqa_learned"]),
     ]
     return pd.DataFrame([{"precondition": name, "rule": rule, "models": f"{int(v.sum())} of {n}",
                           "share": float(v.mean()) if n else float("nan")} for name, rule, v in checks])
+
+
+def beyond_architecture(partial_rho: float, partial_p: float, alpha: float = 0.05) -> str:
+    """The verdict on "S adds to the QK-norm type" (chapter 7's H2 and the claims page's 7e): the partial rho's
+    two-sided within-variant permutation p-value below `alpha` decides, its sign gives the direction."""
+    from ..verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+
+    if not partial_p < alpha:
+        return INCONCLUSIVE
+    return REPRODUCED if partial_rho > 0 else NOT_REPRODUCED
 
 
 def _rho_est(rho_table: pd.DataFrame, task: str):
@@ -275,7 +275,7 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
         add("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)", "not computed",
             INCONCLUSIVE, str(ar.get("note", "")))
     else:
-        v = (REPRODUCED if pr > 0 else NOT_REPRODUCED) if pp < 0.05 else INCONCLUSIVE
+        v = beyond_architecture(pr, pp)
         add("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)",
             f"partial rho {pr:+.2f}, within-variant permutation p = {pp:.3g}; nested F-test p = {ar['F_p']:.3g}",
             v, "two-sided within-variant permutation test at 5 %")
@@ -295,12 +295,8 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
             "needs two models of each variant")
     else:
         a, b = by["per_head"], by["none"]
-        d = a.mean() - b.mean()
-        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-        se = math.sqrt(va + vb)
-        dof = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1) if va else 0) + (vb ** 2 / (len(b) - 1) if vb else 0) or 1e-300)
-        t = sst.t.ppf(0.975, dof) if se > 0 else 0.0
-        e = Est(d, d - t * se, d + t * se)
+        ci = sst.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+        e = Est(float(a.mean() - b.mean()), float(ci.low), float(ci.high))
         add("H4 per-head QK-norm models lose less", paper_ph,
             f"per-head minus none {est(e)} pt ({len(a)} + {len(b)} models)", direction(e, +1),
             "Welch 95 % interval of the difference of mean strict-format changes")
@@ -316,9 +312,8 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
             "leave-one-model-out mean absolute error, no interval: within 10 % of the constant's is a tie")
     if "text_only_format_strict" in rows and rows["text_only_format_strict"].notna().sum() >= 2:
         d = (rows[TINY_STRICT_TASK] - rows["text_only_format_strict"]).dropna().to_numpy(float)
-        se = d.std(ddof=1) / math.sqrt(len(d))
-        t = sst.t.ppf(0.975, len(d) - 1) if se > 0 else 0.0
-        e = Est(float(d.mean()), float(d.mean() - t * se), float(d.mean() + t * se))
+        ci = sst.ttest_1samp(d, 0.0).confidence_interval(0.95)
+        e = Est(float(d.mean()), float(ci.low), float(ci.high))
         add("H6 the loss is VL-specific: text-only training to the same end loses less",
             f"text-only IFEval change {reported('text_only_ifeval'):+.1f} pt against VL's "
             f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
@@ -380,6 +375,7 @@ def findings(pilot: pd.DataFrame, rows: pd.DataFrame, pre: pd.DataFrame, hyp: pd
     out["lost"] = f"VL lost strict-format score outside the noise in {pre_t['VL lost strict-format score']} models"
     out["vqa"] = f"the VL model learned the visual task in {pre_t['the VL model learned the visual task']} models"
     out["chance"] = f"the base knowledge score lies above chance in {pre_t['knowledge above chance']} models"
+    out["text_only"] = "not computed (no text-only control in this run)"
     if "text_only_format_strict" in rows:
         vl, to = rows[TINY_STRICT_TASK], rows["text_only_format_strict"]
         out["text_only"] = (f"mean strict-format change {vl.mean():+.1f} points under VL and {to.mean():+.1f} under the "

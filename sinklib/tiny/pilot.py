@@ -154,7 +154,7 @@ def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = Fal
             "sink_norm_ratio_final": [round(x, 2) for x in run.log["checkpoints"][-1]["sink_norm"]["ratio"]],
             "max_mass_init": max_mass(run.log["checkpoints"][0]), "max_mass_final": max_mass(run.log["checkpoints"][-1]),
             "layer_mass_final": [round(float(x), 3) for x in np.asarray(run.log["checkpoints"][-1]["mass"]).mean(1)],
-            **s, "scores": evals["scores"], "examples": evals["examples"], "eval_seconds": evals["seconds"],
+            **s, "scores": evals["scores"], "ci": evals["ci"], "examples": evals["examples"], "eval_seconds": evals["seconds"],
             "all_in_band": all(in_band)}
 
 

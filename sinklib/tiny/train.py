@@ -237,11 +237,16 @@ def _param_groups(model, lr: float, weight_decay: float) -> list[dict]:
     return [{"params": decay, "lr": lr, "weight_decay": weight_decay}, {"params": keep, "lr": lr, "weight_decay": 0.0}]
 
 
+def run_tokenizer(params: dict):
+    """The tokenizer of a run's parameters (`train_params`): trained on first use, then loaded from the cache."""
+    return get_tokenizer(add_bos=params["bos"], **{k: v for k, v in params["tokenizer"].items()
+                                                   if k not in ("kind", "version", "corpus_version")})
+
+
 def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, **kwargs) -> TinyRun:
     """Train (or load from the cache) one tiny LM; keyword arguments as in `train_params`."""
     params = train_params(variant, **kwargs)
-    tok = get_tokenizer(add_bos=params["bos"], **{k: v for k, v in params["tokenizer"].items()
-                                                  if k not in ("kind", "version", "corpus_version")})
+    tok = run_tokenizer(params)
     size = size_config(**params["size"])
     model = build(variant, size, params["seed"])
     path = run_dir(params)
