@@ -17,28 +17,13 @@ import numpy as np
 from . import evals, intervene
 from .cache import cached_json
 from .errors import ParameterError
-from .evals.grading import mcnemar_exact, paired_ci, paired_ppl_ci
+from .evals.items import fingerprint
+from .evals.paired import PASS_FAIL, outcomes, paired_changes  # noqa: F401  (re-exported: chapter 8 uses causal.paired_changes)
 from .params import check_choice, check_float
 
 CAUSAL_VERSION = 1
-#: the pass/fail metrics kept per item (suite, per-item field); perplexity keeps NLL and token counts
-PASS_FAIL = (("instructions", "strict"), ("instructions", "lenient"), ("math", "strict"), ("math", "lenient"),
-             ("knowledge", "acc"), ("format", "strict"), ("format", "lenient"))
 CONTROLS = ("sink", "random", "matched")
 FIRST_TOKENS = ("default", "none", "eos")
-
-
-def outcomes(results: Mapping[str, Any]) -> dict:
-    """Per-item outcomes of `evals.run_suites` results: {'suite metric': [bool, ...]} for `PASS_FAIL`, and
-    'perplexity': {'nll': [...], 'n_tokens': [...]} per document (same item order as the suite's sample)."""
-    out: dict = {}
-    for suite, metric in PASS_FAIL:
-        if suite in results:
-            out[f"{suite} {metric}"] = [bool(p[metric]) for p in results[suite].per_item]
-    if "perplexity" in results:
-        per = results["perplexity"].per_item
-        out["perplexity"] = {"nll": [float(p["nll"]) for p in per], "n_tokens": [int(p["n_tokens"]) for p in per]}
-    return out
 
 
 def _heads_key(heads: Mapping[int, Sequence[int]] | None) -> dict[str, list[int]]:
@@ -89,6 +74,8 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
            "mode": mode if heads else "none", "shift": float(shift) if heads and mode == "shift" else 0.0,
            "eval_n": dict(eval_n), "seed": int(seed), "batch": int(eval_batch_size), "tag": tag,
            "version": CAUSAL_VERSION}
+    if not isinstance(lm, TinyLM):  # the embedded suites' item files (chapter 7's suites are generated)
+        key["items"] = fingerprint(k for k, v in eval_n.items() if v)
     if first_token != "default":
         key["first_token"] = first_token
         if first_token == "eos":
@@ -109,34 +96,6 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
                 "n_heads": sum(len(v) for v in key["heads"].values())}
 
     return cached_json(key, compute, folder="causal")
-
-
-def paired_changes(base: Mapping, other: Mapping, *, seed: int = 0) -> list[dict]:
-    """Every metric's change from `base` to `other` (two `evaluate` results on the same items): score before
-    and after (%, perplexity in nats-per-token exp), change, its paired bootstrap 95 % interval and, for
-    pass/fail metrics, the exact McNemar p-value. -> rows {metric, base, other, change, lo, hi, p}."""
-    rows = []
-    bo, oo = base["outcomes"], other["outcomes"]
-    for name in bo:
-        if name not in oo:
-            continue
-        if name == "perplexity":
-            b, o = bo[name], oo[name]
-            if b["n_tokens"] != o["n_tokens"]:
-                raise ParameterError("paired_changes: the two perplexity runs scored different documents")
-            ppl = lambda d: float(np.exp(sum(d["nll"]) / sum(d["n_tokens"])))  # noqa: E731
-            lo, hi = paired_ppl_ci(b["nll"], o["nll"], b["n_tokens"], seed=seed)
-            rows.append({"metric": "perplexity ppl", "base": ppl(b), "other": ppl(o), "change": ppl(o) - ppl(b),
-                         "lo": lo, "hi": hi, "p": float("nan")})
-            continue
-        b, o = bo[name], oo[name]
-        if len(b) != len(o):
-            raise ParameterError(f"paired_changes: {name} has {len(b)} items in one run and {len(o)} in the other")
-        lo, hi = paired_ci(b, o, seed=seed)
-        rows.append({"metric": name, "base": 100 * float(np.mean(b)), "other": 100 * float(np.mean(o)),
-                     "change": 100 * (float(np.mean(o)) - float(np.mean(b))), "lo": lo, "hi": hi,
-                     "p": mcnemar_exact(b, o)["p"]})
-    return rows
 
 
 def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed: int = 0,

@@ -87,19 +87,22 @@ class Results:
 def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
     """Chapter 4's elements of the paper's pattern for one model, each with its interval and in words.
 
-    doc: chapter 4's results (``{"results": {"scores": [...]}}``; the notebook passes its own tables).
-    Changes are VL (or control) minus base in points; the strict-format mean is instructions strict and
-    math strict; differences of differences use MOVER intervals (conservative: items are shared)."""
-    f = {c: diff(strict(doc, model, c), strict(doc, model, "base")) for c in ("vl", "text_only", "random")}
-    k = diff(score(doc, model, "vl", "knowledge acc"), score(doc, model, "base", "knowledge acc"))
+    doc: chapter 4's results (``{"results": {"scores": [...], "outcomes": {...}}}``; the notebook passes its
+    own tables). Changes are VL (or control) minus base in points; the strict-format mean is instructions
+    strict and math strict. Intervals are paired (per-item bootstrap, `delta`) where the doc holds per-item
+    outcomes, MOVER intervals of the stored scores otherwise."""
+    f = {c: delta(doc, model, c, "base", _strict()) for c in ("vl", "text_only", "random")}
+    k = delta(doc, model, "vl", "base", ("knowledge acc",))
     return {"model": model,
             "VL: strict-format change (pt)": est(f["vl"]),
             "VL: knowledge change (pt)": est(k),
-            "strict format vs knowledge under VL": compare_words(diff(f["vl"], k), "format fell more", "format fell less"),
-            "text-only vs VL (strict format)": compare_words(diff(f["text_only"], f["vl"]), "text-only lost more",
-                                                             "text-only lost less"),
-            "random vs VL (strict format)": compare_words(diff(f["random"], f["vl"]), "random lost more",
-                                                          "random lost less")}
+            "strict format vs knowledge under VL": compare_words(
+                gap(doc, model, ("vl", "base", _strict()), ("vl", "base", ("knowledge acc",))),
+                "format fell more", "format fell less"),
+            "text-only vs VL (strict format)": compare_words(delta(doc, model, "text_only", "vl", _strict()),
+                                                             "text-only lost more", "text-only lost less"),
+            "random vs VL (strict format)": compare_words(delta(doc, model, "random", "vl", _strict()),
+                                                          "random lost more", "random lost less")}
 
 
 def chapter4_summary(verdict) -> str:
@@ -144,8 +147,38 @@ def score(doc: dict, model: str, cond: str, metric: str) -> Est:
     raise KeyError(f"{CH4}: no score for {model} / {cond} / {metric}")
 
 
-def strict(doc: dict, model: str, cond: str) -> Est:
-    return mean(*(score(doc, model, cond, m) for m in _strict()))
+def outcomes_of(doc: dict, model: str, cond: str) -> dict | None:
+    """The per-item outcomes a chapter stored for (model, condition), or None when it stored none."""
+    return doc["results"].get("outcomes", {}).get(model, {}).get(cond)
+
+
+def _draws(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[float, object] | None:
+    from .evals import paired
+
+    a, b = outcomes_of(doc, model, cond), outcomes_of(doc, model, ref)
+    return None if a is None or b is None else paired.change(b, a, list(metrics))
+
+
+def delta(doc: dict, model: str, cond: str, ref: str, metrics) -> Est:
+    """cond minus ref of the mean of `metrics` ('suite metric'), in points: a paired bootstrap interval over
+    the shared items when the doc holds per-item outcomes of both, else the MOVER interval of the scores."""
+    from .evals import paired
+
+    d = _draws(doc, model, cond, ref, metrics)
+    if d is not None:
+        return paired.estimate(*d)
+    return diff(mean(*(score(doc, model, cond, m) for m in metrics)), mean(*(score(doc, model, ref, m) for m in metrics)))
+
+
+def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
+    """delta(*a) minus delta(*b) (each (cond, ref, metrics)): paired draws where per-item outcomes exist (the
+    two changes' suites resampled as in `sinklib.evals.paired`), MOVER otherwise."""
+    from .evals import paired
+
+    da, db = _draws(doc, model, *a), _draws(doc, model, *b)
+    if da is not None and db is not None:
+        return paired.estimate(da[0] - db[0], da[1] - db[1])
+    return diff(delta(doc, model, *a), delta(doc, model, *b))
 
 
 def models4(doc: dict) -> list[str]:
@@ -281,8 +314,8 @@ def _remark(res):
        "±{knowledge_bound:.1f} pt")
 def _format_not_knowledge(res):
     def test(doc, m):
-        f = diff(strict(doc, m, "vl"), strict(doc, m, "base"))
-        k = diff(score(doc, m, "vl", "knowledge acc"), score(doc, m, "base", "knowledge acc"))
+        f = delta(doc, m, "vl", "base", _strict())
+        k = delta(doc, m, "vl", "base", ("knowledge acc",))
         v = NOT_REPRODUCED if k.hi < 0 or f.lo > 0 else REPRODUCED if f.hi < 0 else INCONCLUSIVE
         why = ("knowledge lost outside noise (broad damage)" if k.hi < 0 else
                "strict-format change excludes zero" if f.lo > 0 or f.hi < 0 else "strict-format change within noise")
@@ -297,8 +330,7 @@ def _format_not_knowledge(res):
 def _backbone(res):
     doc = res(CH4)
     qk = {r["llm"]: r["qk_norm"] for r in doc["results"]["panel_rows"]}
-    ch = {m: diff(score(doc, m, "vl", "instructions strict"), score(doc, m, "base", "instructions strict"))
-          for m in models4(doc)}
+    ch = {m: delta(doc, m, "vl", "base", ("instructions strict",)) for m in models4(doc)}
     ours = tuple(f"{m} ({qk.get(m, '?')}): instructions strict {est(e)} pt" for m, e in ch.items())
     ph, no = [m for m in ch if qk.get(m) == "per_head"], [m for m in ch if qk.get(m) == "none"]
     if not ph or not no:
@@ -325,8 +357,8 @@ not_testable("5e", "Coding (MBPP) improves on average after VL adaptation", ("mb
        "IFEval {text_only_ifeval:+.2f} pt (VL {ifeval_qwen25vl:+.1f})")
 def _text_only(res):
     def test(doc, m):
-        t = diff(strict(doc, m, "text_only"), strict(doc, m, "base"))
-        tv = diff(strict(doc, m, "text_only"), strict(doc, m, "vl"))
+        t = delta(doc, m, "text_only", "base", _strict())
+        tv = delta(doc, m, "text_only", "vl", _strict())
         v = NOT_REPRODUCED if t.hi < 0 or tv.hi < 0 else direction(tv, +1)
         why = ("text-only itself lost strict format outside noise" if t.hi < 0 else
                "text-only minus VL excludes zero" if v != INCONCLUSIVE else "text-only minus VL within noise")
@@ -338,7 +370,7 @@ def _text_only(res):
        "IFEval {random_ifeval:+.1f} pt (VL {ifeval_qwen25vl:+.1f})")
 def _random(res):
     def test(doc, m):
-        r = diff(strict(doc, m, "random"), strict(doc, m, "vl"))
+        r = delta(doc, m, "random", "vl", _strict())
         v = direction(r, -1)
         return (f"random minus VL strict-format {est(r)} pt", v,
                 "random minus VL excludes zero" if v != INCONCLUSIVE else "random minus VL within noise")
@@ -472,7 +504,17 @@ def _inject(res):
     sc = {c: {f"{s['suite']} {s['metric']}": Est(s["score"], s["lo"], s["hi"]) for s in v["scores"]}
           for c, v in inj.items()}
     final = "injected + recovery" if "injected + recovery" in sc else "injected"
-    d = diff(mean(*(sc[final][m] for m in _strict())), mean(*(sc["original"][m] for m in _strict())))
+    outs = {c: v.get("outcomes") for c, v in inj.items()}
+
+    def paired_d(a: str, b: str) -> Est | None:  # a - b on the shared items, when both stored them
+        from .evals import paired
+
+        if outs.get(a) is None or outs.get(b) is None:
+            return None
+        return paired.estimate(*paired.change(outs[b], outs[a], list(_strict())))
+
+    d = paired_d(final, "original") or diff(mean(*(sc[final][m] for m in _strict())),
+                                            mean(*(sc["original"][m] for m in _strict())))
     ppl = " → ".join(f"{sc[c]['perplexity ppl'].v:.0f}" for c in sc)
     ours = (f"{final} minus original, strict-format {est(d)} pt", f"top-1 agreement at initialisation {top1:.2f}; "
             f"perplexity {ppl} ({' → '.join(sc)})")
@@ -485,23 +527,42 @@ def _inject(res):
         return Row(ours, NOT_REPRODUCED, "precondition failed: the recovery fine-tune has no control "
                    "(the original model fine-tuned the same way)")
     if "original + recovery" in sc:
-        d = diff(d, diff(mean(*(sc["original + recovery"][m] for m in _strict())),
-                         mean(*(sc["original"][m] for m in _strict()))))
+        d = paired_d(final, "original + recovery") or diff(d, diff(mean(*(sc["original + recovery"][m] for m in _strict())),
+                                                                   mean(*(sc["original"][m] for m in _strict()))))
     return Row(ours, direction(d, -1), f"strict-format change against its control {est(d)} pt")
 
 
-def _merges(res: Results, test: Callable[[dict[str, Est]], tuple[str, str, str]]) -> Row:
-    """Per model of chapter 6: (merge - VL) strict-format differences with Wilson intervals from chapter 6's n."""
+def merge_recovers(to_base: Est, to_vl: Est) -> bool:
+    """A merge recovers the VL loss: its strict-format change from the base is above zero outside the noise, or
+    not below it while the change from the VL model is above zero outside the noise (paired where stored)."""
+    return to_base.lo > 0 or (to_base.hi >= 0 and to_vl.lo > 0)
+
+
+def merge_worse(to_vl: Est) -> bool:
+    """A merge makes the text loss worse: its strict-format change from the VL model is below zero outside the noise."""
+    return to_vl.hi < 0
+
+
+def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]], tuple[str, str, str]]) -> Row:
+    """Per model of chapter 6: `test(d, merges)` where d(a, b) is the strict-format change a - b (points) with a
+    paired interval when chapter 6 stored per-item outcomes, else with MOVER intervals of Wilson intervals from
+    chapter 6's n; merges are the model's 'merge:...' conditions."""
     doc = res(CH6)
     n, rows = evals.counts(doc["parameters"]), doc["results"]["merges"]  # the saved flat eval_* parameters
     out = {}
     for m in dict.fromkeys(r["model"] for r in rows):
         conds = {r["condition"]: mean(*(wilson_pct(r[k], n[k.split()[0]]) for k in _strict()))
                  for r in rows if r["model"] == m}
+
+        def d(a: str, b: str, m=m, conds=conds) -> Est:
+            if outcomes_of(doc, m, a) is not None and outcomes_of(doc, m, b) is not None:
+                return delta(doc, m, a, b, _strict())
+            return diff(conds[a], conds[b])
+
         vl = next(r for r in rows if r["model"] == m and r["condition"] == "vl")
         e = wilson_pct(vl["VQA (%)"], doc["parameters"]["vqa_n"])
         maj = next(x["majority baseline (%)"] for x in res(CH4)["results"]["vqa"] if x["model"] == m)
-        o, v, w = test(conds)
+        o, v, w = test(d, [c for c in conds if c.startswith("merge:")])
         out[m] = (o, v, w) if e.lo > maj else (o, NOT_REPRODUCED, f"{NO_VQA} (VQA {e.v:.0f} % [{e.lo:.0f}, "
                                                f"{e.hi:.0f}] vs majority {maj:.0f} %; without it: {v}, {w})")
     return per_model(out)
@@ -509,10 +570,10 @@ def _merges(res: Results, test: Callable[[dict[str, Est]], tuple[str, str, str]]
 
 @claim("8b", "No merging setting recovers the VL loss", ("merge_settings",), CH6, "{merge_settings:.0f} settings, none recovers")
 def _no_recovery(res):
-    def test(conds):
-        vl = diff(conds["vl"], conds["base"])
-        merged = {c: diff(e, conds["base"]) for c, e in conds.items() if c.startswith("merge:")}
-        rec = [c for c, e in merged.items() if e.lo > 0 or (e.hi >= 0 and diff(conds[c], conds["vl"]).lo > 0)]
+    def test(d, merges):
+        vl = d("vl", "base")
+        merged = {c: d(c, "base") for c in merges}
+        rec = [c for c, e in merged.items() if merge_recovers(e, d(c, "vl"))]
         below = [c for c, e in merged.items() if e.hi < 0]
         ours = f"VL strict-format {est(vl)} pt; below base outside noise: {len(below)} of {len(merged)}"
         if vl.hi >= 0:
@@ -525,13 +586,13 @@ def _no_recovery(res):
 @claim("8c", "Most merging settings make the text loss worse", ("merge_settings", "merge_settings_not_worse"), CH6,
        "{merge_settings_not_worse:.0f} of {merge_settings:.0f} avoid making it worse")
 def _merges_worse(res):
-    def test(conds):
-        d = {c: diff(e, conds["vl"]) for c, e in conds.items() if c.startswith("merge:")}
-        worse, better = sum(e.hi < 0 for e in d.values()), sum(e.lo > 0 for e in d.values())
-        pts = sum(e.v < 0 for e in d.values())
-        v = REPRODUCED if worse > len(d) / 2 else NOT_REPRODUCED if better >= len(d) / 2 else INCONCLUSIVE
-        return (f"worse than VL: {pts} of {len(d)} by point value, {worse} outside noise; better outside noise: {better}",
-                v, f"{worse} of {len(d)} worse outside noise (rule: more than half)")
+    def test(d, merges):
+        dd = {c: d(c, "vl") for c in merges}
+        worse, better = sum(merge_worse(e) for e in dd.values()), sum(e.lo > 0 for e in dd.values())
+        pts = sum(e.v < 0 for e in dd.values())
+        v = REPRODUCED if worse > len(dd) / 2 else NOT_REPRODUCED if better >= len(dd) / 2 else INCONCLUSIVE
+        return (f"worse than VL: {pts} of {len(dd)} by point value, {worse} outside noise; better outside noise: {better}",
+                v, f"{worse} of {len(dd)} worse outside noise (rule: more than half)")
     return _merges(res, test)
 
 

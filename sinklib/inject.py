@@ -283,14 +283,17 @@ def scores_by_condition(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, dict
 def injection_key(tag: str, *, model: str, weights: str, eval_n: Mapping[str, int], seed: int, prompts: list[str],
                   K: int, gain_rule: str, calib: int, recovery: Sequence) -> dict:
     """The parameters that identify one evaluated injection condition (hashed by `sinklib.cache.key`)."""
+    from .evals.items import fingerprint
+
     return {"tag": tag, "model": model, "weights": weights, "eval_n": dict(eval_n), "seed": seed, "prompts": prompts,
-            "K": K, "gain_rule": gain_rule, "calib": calib, "recovery": list(recovery), "version": INJECTION_VERSION}
+            "K": K, "gain_rule": gain_rule, "calib": calib, "recovery": list(recovery),
+            "items": fingerprint(k for k, v in eval_n.items() if v), "version": INJECTION_VERSION}
 
 
 def evaluate(model: torch.nn.Module | Callable[[], tuple[torch.nn.Module, dict]], tokenizer: Any,
              key_params: Mapping[str, Any], *, max_tokens: int, eval_batch_size: int) -> dict:
     """Text suites and S of one injection condition, cached under `injection/` by `key_params`
-    (`injection_key`): {"scores": rows of evals.results_table, "S": float, **extra}.
+    (`injection_key`): {"scores": rows of evals.results_table, "outcomes": per-item outcomes, "S": float, **extra}.
 
     model: the module, or a function returning (module, extra) that is called only when the result is not
     cached, so that a recovery fine-tune is not run again for a cached evaluation; `extra` (JSON-able, for
@@ -298,6 +301,7 @@ def evaluate(model: torch.nn.Module | Callable[[], tuple[torch.nn.Module, dict]]
     """
     from . import evals, sink
     from .cache import cached_json
+    from .evals.paired import outcomes
 
     eval_n = key_params["eval_n"]
 
@@ -307,7 +311,7 @@ def evaluate(model: torch.nn.Module | Callable[[], tuple[torch.nn.Module, dict]]
                                seed=key_params["seed"], batch_size=eval_batch_size)
         s = sink.sink_strength(m, key_params["prompts"], tokenizer=tokenizer, last_k_layers=key_params["K"],
                                max_tokens=max_tokens)
-        return {"scores": evals.results_table(res), "S": s.S, **extra}
+        return {"scores": evals.results_table(res), "outcomes": outcomes(res), "S": s.S, **extra}
 
     return cached_json(key_params, compute, folder="injection")
 

@@ -158,7 +158,7 @@ def load_pair(lm: Loaded, params: Mapping[str, Any]) -> Pair:
 # ---------------------------------------------------------------------------------------
 # cached evaluations (a rerun of a chapter skips finished work)
 
-EVAL_VERSION = 1  # part of every evaluation key: bump it only to invalidate every cached evaluation
+EVAL_VERSION = 2  # part of every evaluation key: bump it only to invalidate every cached evaluation (2: per-item outcomes)
 
 
 def sink_settings(model: torch.nn.Module, last_k_layers: int, max_tokens: int) -> dict:
@@ -170,9 +170,11 @@ def evaluation_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Ma
                    prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int, eval_batch_size: int,
                    key_extra: Mapping[str, Any] | None = None) -> dict:
     """The parameters that identify one evaluated condition (hashed by `sinklib.cache.key`)."""
+    from .evals.items import fingerprint
+
     key = {"pair": dict(pair_params), "condition": condition, "eval_n": dict(eval_n), "seed": seed,
            "prompts": prompts, "sink": dict(sink_kwargs), "vqa_n": vqa_n, "eval_batch_size": eval_batch_size,
-           "version": EVAL_VERSION}
+           "items": fingerprint(k for k, v in eval_n.items() if v), "version": EVAL_VERSION}
     if key_extra:
         key["extra"] = dict(key_extra)
     return key
@@ -183,11 +185,13 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
                        eval_batch_size: int = 8, refresh: bool = False, key_extra: Mapping[str, Any] | None = None) -> dict:
     """Text suites, Sink Strength and (for 'vl') VQA accuracy of one condition; cached by its parameters.
 
-    Returns {"scores": [rows of evals.results_table], "S": float, "mass": [L][H], "vqa": (acc, n) | None}.
+    Returns {"scores": [rows of evals.results_table], "outcomes": per-item outcomes (`evals.paired.outcomes`),
+    "S": float, "mass": [L][H], "vqa": (acc, n) | None}.
     `lm.model` is left holding the base weights. `key_extra` joins the cache key (for example the
     parameters of a merge that made the condition).
     """
     from . import evals, sink
+    from .evals.paired import outcomes
 
     eval_n = {k: check_int(f"eval_n[{k}]", v, 0, 10**6) for k, v in dict(eval_n).items()}
     key = evaluation_key(pair.params, condition, eval_n=eval_n, seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
@@ -205,7 +209,7 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
                 acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
                                          vl.heldout_items(vqa_n, seed, pair.params["image_size"]))
                 vqa = [acc, n]
-            return {"scores": evals.results_table(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
+            return {"scores": evals.results_table(res), "outcomes": outcomes(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
                     "seconds": {k: r.seconds for k, r in res.items()}}
         finally:
             pair.load_into(lm.model, "base")
@@ -242,6 +246,56 @@ def score_deltas(scores: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_
                     rows.append({"model": name, "condition": cond, "metric": f"{s} {m}",
                                  "change": cur[(s, m)] - base[(s, m)]})
     return pd.DataFrame(rows)
+
+
+def paired_table(evaluations: Mapping[tuple[str, str], dict], conditions: Sequence[str] = ("vl", "text_only", "random"),
+                 ref: str = "base", *, seed: int = 0) -> pd.DataFrame:
+    """Paired changes of every condition from `ref` on the same items: one row per (model, condition, metric)
+    with the scores, the change, its paired bootstrap 95 % interval, the exact McNemar p-value and the items
+    lost / gained (`sinklib.evals.paired.paired_changes`), plus a row 'strict-format mean' (`STRICT_METRICS`)
+    whose interval and p-value come from the paired bootstrap of the mean. evaluations: {(model, condition):
+    evaluate_condition(...)} (each with 'outcomes')."""
+    from .evals import paired
+
+    rows = []
+    for name in dict.fromkeys(m for m, _ in evaluations):
+        b = evaluations[(name, ref)]
+        for cond in conditions:
+            if (name, cond) not in evaluations:
+                continue
+            o = evaluations[(name, cond)]
+            for r in paired.paired_changes(b, o, seed=seed):
+                if tuple(r["metric"].split(" ", 1)) in MAIN_METRICS:
+                    rows.append({"model": name, "condition": cond, "test": "McNemar" if r["metric"] != "perplexity ppl"
+                                 else "bootstrap", **r})
+            held = [m for m in STRICT_METRICS if m in b["outcomes"] and m in o["outcomes"]]
+            if held:
+                point, draws = paired.change(b["outcomes"], o["outcomes"], held, seed=seed)
+                e = paired.estimate(point, draws)
+                rows.append({"model": name, "condition": cond, "test": "bootstrap", "metric": "strict-format mean",
+                             "base": strict_mean({m: paired.score(b["outcomes"], m) for m in held}),
+                             "other": strict_mean({m: paired.score(o["outcomes"], m) for m in held}),
+                             "change": e.v, "lo": e.lo, "hi": e.hi, "p": paired.p_two_sided(draws),
+                             "lost": np.nan, "gained": np.nan})
+    return pd.DataFrame(rows)
+
+
+def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
+    """`paired_table` for display: per model, one row per metric and one column per condition holding
+    'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""
+    from .plots import tables
+
+    t = table.copy()
+    t["cell"] = [f"{c:+.1f} [{lo:+.1f}, {hi:+.1f}] p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
+                 if p == p else f"{c:+.1f} [{lo:+.1f}, {hi:+.1f}]" for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
+    t["condition"] = [_CONDITION_LABELS.get(c, c) for c in t.condition]
+    t["metric"] = [SCORE_LABELS.get(m, m) for m in t.metric]
+    wide = t.pivot_table(index=["model", "metric"], columns="condition", values="cell", aggfunc="first", sort=False)
+    wide = wide[[_CONDITION_LABELS.get(c, c) for c in conditions if _CONDITION_LABELS.get(c, c) in wide.columns]]
+    wide.columns.name = None
+    return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
+                        "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
+                        "strict-format mean; perplexity without a p-value. " + SCORE_LEGEND)
 
 
 def strict_mean(scores: Mapping[str, float] | pd.DataFrame) -> float | pd.Series:
@@ -364,20 +418,28 @@ def condition_tables(rows: pd.DataFrame, legend: str = SCORE_LEGEND) -> list:
 
 
 def merge_verdict_table(verdicts: pd.DataFrame):
-    """Chapter 6's merge verdicts for display: short headers, the repeated reported verdict as the legend."""
+    """Chapter 6's merge verdicts for display: the change from VL with its paired interval in one cell (when
+    the verdicts hold 'lo' and 'hi'), short headers, the repeated reported verdict as the legend."""
     from .plots import Table
 
     names = {"strict format change vs VL (pt)": "strict change vs VL (pt)", "worse than VL": "worse than VL",
              "recovers to base level": "back to base", "VQA kept (% of VL)": "VQA kept (%)", "S": "S"}
-    d = verdicts.set_index(["model", "method"])[list(names)].rename(columns=names)
+    v = verdicts.copy()
+    if {"lo", "hi"} <= set(v.columns):
+        v["strict format change vs VL (pt)"] = [f"{x:+.1f} [{lo:+.1f}, {hi:+.1f}]" for x, lo, hi in
+                                                zip(v["strict format change vs VL (pt)"], v.lo, v.hi)]
+    d = v.set_index(["model", "method"])[list(names)].rename(columns=names)
     for c in d.columns:
-        d[c] = [("yes" if v else "no") if isinstance(v, (bool, np.bool_)) else
-                ("" if pd.isna(v) else (f"{v:.3f}" if c == "S" else f"{v:.1f}")) for v in d[c]]
-    reported = "; ".join(f"{m}: {v}" for v, ms in verdicts.groupby("paper's verdict (reported)", sort=False).method
+        d[c] = [("yes" if x else "no") if isinstance(x, (bool, np.bool_)) else x if isinstance(x, str) else
+                ("" if pd.isna(x) else (f"{x:.3f}" if c == "S" else f"{x:.1f}")) for x in d[c]]
+    reported = "; ".join(f"{m}: {r}" for r, ms in verdicts.groupby("paper's verdict (reported)", sort=False).method
                          for m in [", ".join(dict.fromkeys(ms))])
-    return Table(d, "strict = mean of the strict-format scores; back to base: the strict mean reaches the base "
-                    "LLM's; VQA kept: the merge's VQA accuracy as % of the VL model's. The paper's verdict "
-                    f"(reported): {reported}.")
+    paired_note = (" [paired bootstrap 95 % interval over the shared items]; worse than VL: that interval lies below "
+                   "zero" if {"lo", "hi"} <= set(v.columns) else "")
+    return Table(d, f"strict = mean of the strict-format scores{paired_note}; back to base: the merge recovers the "
+                    "VL loss by the claims page's paired rule (above the base outside the noise, or not below it and "
+                    "above VL outside the noise); VQA kept: the merge's VQA accuracy as % of the VL model's. The "
+                    f"paper's verdict (reported): {reported}.")
 
 
 # ---------------------------------------------------------------------------------------

@@ -93,3 +93,28 @@ def power_table(suites: Mapping[str, tuple[int, float]], *, power: float = 0.8, 
         row["unpaired"] = min_detectable_drop(n, p, power=power, alpha=alpha, paired=False)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def base_power_table(base_outcomes: Mapping[str, Mapping], metrics: tuple[str, ...] = (
+        "instructions strict", "math strict", "knowledge acc"), **kw):
+    """`power_table` of each model's pass/fail suites at the base model's accuracy on the items it was
+    evaluated on: base_outcomes {model: per-item outcomes of its base evaluation (`sinklib.evals.paired`)}; a
+    row per (model, metric) named 'model: metric'. Other keyword arguments go to `power_table`."""
+    from .evals.paired import unpack
+
+    suites = {}
+    for model, out in base_outcomes.items():
+        out = unpack(out)
+        for m in metrics:
+            if m in out and len(out[m]):
+                suites[f"{model}: {m}"] = (len(out[m]), float(np.mean(out[m])))
+    return power_table(suites, **kw)
+
+
+def sentence(table, column: str = "paired, flip 0.05") -> str:
+    """`power_table` rows in words: per suite, the smallest detectable fall (points) paired and unpaired."""
+    def pts(v: float) -> str:
+        return f"{v:.1f} points" if v == v else "no fall of any size"
+
+    return "; ".join(f"{r['suite']} {pts(r[column])} paired (unpaired {pts(r['unpaired'])}) at a base accuracy of "
+                     f"{r['base (%)']:.0f} % on {r['items']} items" for _, r in table.iterrows())

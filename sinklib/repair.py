@@ -156,7 +156,7 @@ def repair_changes(base_ev: Mapping, vl_ev: Mapping, repaired: Mapping[str, Mapp
     -> DataFrame {control, metric, base, vl, repaired, loss, loss_lo, loss_hi, change, lo, hi, p}."""
     import pandas as pd
 
-    from .causal import paired_changes
+    from .evals.paired import paired_changes
 
     loss = {r["metric"]: r for r in paired_changes(base_ev, vl_ev, seed=seed)}
     rows = []

@@ -32,11 +32,12 @@ RULES = (
 
 
 INTERVALS = ("Scores carry Wilson 95 % intervals over their n items (computed from the score and n where a "
-             "chapter stores none). A difference of two scores, and the mean of the two strict-format suites "
-             "(instructions strict, math strict), combine the intervals by MOVER (Newcombe's method), treating "
-             "conditions as independent samples: conservative, as the items are shared (a paired interval needs "
-             "per-item results, which the chapters do not store). A difference inside such an interval is not "
-             "an effect.")
+             "chapter stores none). Where a chapter stores every item's outcome (chapter 4), a change between two "
+             "conditions, the mean of the two strict-format suites (instructions strict, math strict) and a "
+             "difference of two changes carry paired 95 % bootstrap intervals: the shared items are resampled "
+             "together, and the exact McNemar test gives the p-value of a pass/fail change. Elsewhere they "
+             "combine the scores' intervals by MOVER (Newcombe's method), treating conditions as independent "
+             "samples, which is conservative. A difference inside such an interval is not an effect.")
 
 
 class Est(NamedTuple):

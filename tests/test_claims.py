@@ -171,6 +171,31 @@ def ch6(top1=0.99, after=(10, 10), control=(50, 50), n=1000, merges=(20, 20), ba
                 {"eval_instructions": n, "eval_math": n, "eval_knowledge": n, "eval_perplexity": n, "vqa_n": 200}, models=(A,))
 
 
+def ch6_paired(with_items=True):
+    """30 items per strict suite: VL loses 5 of the base model's 15 passes, every merge 3 more of VL's, none gained."""
+    from sinklib.evals.paired import pack
+
+    passes = {"base": 15, "vl": 10, **{f"merge:{k}": 7 for k in "abcdefg"}}
+    doc = ch6(n=30, base=(50, 50), vl=(100 / 3, 100 / 3), merges=(70 / 3, 70 / 3))
+    if with_items:
+        doc["results"]["outcomes"] = {A: {c: pack({"instructions strict": [i < k for i in range(30)],
+                                                   "math strict": [i < k for i in range(30)]})
+                                          for c, k in passes.items()}}
+    return doc
+
+
+def ch6_inject_paired(with_items=True):
+    """30 items per strict suite: the injected + recovery model passes 3 fewer than its control, none more."""
+    from sinklib.evals.paired import pack
+
+    doc = ch6(n=30, after=(40, 40), control=(50, 50))
+    if with_items:
+        for c, k in (("original", 15), ("injected", 12), ("injected + recovery", 12), ("original + recovery", 15)):
+            doc["results"]["injection"][c]["outcomes"] = pack({"instructions strict": [i < k for i in range(30)],
+                                                               "math strict": [i < k for i in range(30)]})
+    return doc
+
+
 def _ch4_for_ch6(vqa=70.0):
     return ch4({A: pair(vqa=vqa)})
 
@@ -242,6 +267,7 @@ CASES = [
     ("7a", {C5: ch5()}, INCONCLUSIVE),
     ("8a", {C6: ch6()}, REPRODUCED), ("8a", {C6: ch6(top1=0.32)}, NOT_REPRODUCED),
     ("8a", {C6: ch6(control=None)}, NOT_REPRODUCED), ("8a", {C6: ch6(after=(45, 45), n=24)}, INCONCLUSIVE),
+    ("8a", {C6: ch6_inject_paired()}, REPRODUCED), ("8a", {C6: ch6_inject_paired(False)}, INCONCLUSIVE),
     ("8b", {C4: _ch4_for_ch6(), C6: ch6()}, REPRODUCED),
     ("8b", {C4: _ch4_for_ch6(), C6: ch6(merges=(50, 50))}, NOT_REPRODUCED),
     ("8b", {C4: _ch4_for_ch6(), C6: ch6(vl=(48, 48), merges=(48, 48))}, NOT_REPRODUCED),   # nothing to recover
@@ -250,6 +276,8 @@ CASES = [
     ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(45, 45))}, NOT_REPRODUCED),
     ("8c", {C4: _ch4_for_ch6(40.0), C6: ch6(merges=(5, 5), vqa=40.0)}, NOT_REPRODUCED),
     ("8c", {C4: _ch4_for_ch6(), C6: ch6(merges=(21, 21), n=30)}, INCONCLUSIVE),
+    ("8c", {C4: _ch4_for_ch6(), C6: ch6_paired()}, REPRODUCED),                 # paired: 3 items lost, none gained
+    ("8c", {C4: _ch4_for_ch6(), C6: ch6_paired(with_items=False)}, INCONCLUSIVE),  # the same scores unpaired
     ("9a", {C8: ch8_order(0.1, 0.3)}, REPRODUCED), ("9a", {C8: ch8_order(0.3, None)}, REPRODUCED),
     ("9a", {C8: ch8_order(1.0, 0.3)}, NOT_REPRODUCED), ("9a", {C8: ch8_order(None, 1.0)}, NOT_REPRODUCED),
     ("9a", {C8: ch8_order(None, None)}, INCONCLUSIVE), ("9a", {C8: ch8_order(0.3, 0.3)}, INCONCLUSIVE),
@@ -358,3 +386,31 @@ def test_chapter4_summary_names_models_outside_noise():
     s = C.chapter4_summary(v)
     assert s == ("format fell more than knowledge: a; text-only lost less than VL: b; random lost more than VL: "
                  "no model; S fell under VL (point values, no interval): b")
+
+
+def test_chapter4_verdicts_are_paired_when_items_are_stored():
+    """30 items per suite; VL loses 4 strict items of each suite and nothing else moves. Unpaired (MOVER of two
+    Wilson intervals) that is noise; paired, every resample loses items, so the interval excludes zero."""
+    from sinklib import claims as C
+    from sinklib.evals import paired
+
+    base_f, vl_f = [True] * 15 + [False] * 15, [False] * 4 + [True] * 11 + [False] * 15
+    know = [True] * 20 + [False] * 10
+    outs = {c: {"instructions strict": f, "math strict": f, "knowledge acc": know}
+            for c, f in (("base", base_f), ("vl", vl_f), ("text_only", base_f), ("random", vl_f))}
+
+    def rows(cond):
+        return [{"model": "m", "condition": cond, "suite": k.split()[0], "metric": k.split()[1],
+                 "score": paired.score(o, k), **dict(zip(("lo", "hi"), C.wilson_pct(paired.score(o, k), 30)[1:]))}
+                for k, o in ((k, outs[cond]) for k in outs[cond])]
+    scores = [r for c in outs for r in rows(c)]
+    unpaired = C.chapter4_verdicts({"results": {"scores": scores}}, "m")
+    doc = {"results": {"scores": scores, "outcomes": {"m": {c: paired.pack(o) for c, o in outs.items()}}}}
+    both = C.chapter4_verdicts(doc, "m")
+    assert unpaired["VL: strict-format change (pt)"].startswith("−13.3 [")
+    assert unpaired["text-only vs VL (strict format)"] == "within noise (interval contains zero)"
+    assert both["text-only vs VL (strict format)"] == "text-only lost less (interval excludes zero)"
+    assert both["strict format vs knowledge under VL"] == "format fell more (interval excludes zero)"
+    assert both["random vs VL (strict format)"] == "within noise (interval contains zero)"  # identical items
+    e = C.delta(doc, "m", "vl", "base", ("math strict",))
+    assert e.v == pytest.approx(-40 / 3) and e.hi < 0 and e.lo >= -30

@@ -181,6 +181,9 @@ def test_merge_verdict_and_by_model_tables():
     t = pairs.merge_verdict_table(v)
     assert t.width_px() <= plots.COLUMN_PX and "paper's verdict" not in t.frame.columns
     assert "no recovery" in t.legend and t.frame.iloc[0]["worse than VL"] == "yes"
+    tp = pairs.merge_verdict_table(v.assign(lo=-20.0, hi=-3.25))  # with the paired interval
+    assert tp.frame.iloc[0]["strict change vs VL (pt)"] == "-14.2 [-20.0, -3.2]" and "paired bootstrap" in tp.legend
+    assert tp.width_px() <= plots.COLUMN_PX
     verdict = pd.DataFrame([{"model": m, "VL: format-sensitive (strict) mean change": -2.14,
                              "format hurt more than knowledge": True, "S fell under VL": False} for m in TWO_MODELS])
     b = pairs.by_model_table(verdict)
@@ -208,3 +211,25 @@ def test_findings_sentences_come_from_the_tables():
     assert f["vqa"].startswith("m: tracking items 20 % at step 0, 60 % at the end of stage 1, 40 % at the end of stage 2")
     assert "(learned)" in f["vqa"] and "VL math strict -5.0" in f["text"] and "text-only math strict -30.0" in f["text"]
     assert "S rose under VL" in f["lines"][0] and "-5.0 / -30.0 / +1.0" in f["lines"][1]
+
+
+def test_paired_table_and_display():
+    from sinklib.evals.paired import pack
+
+    def ev(instr, math, know, nll):
+        return {"outcomes": pack({"instructions strict": instr, "math strict": math, "knowledge acc": know,
+                                  "perplexity": {"nll": nll, "n_tokens": [2, 2]}})}
+    base = ev([True] * 20, [True] * 10 + [False] * 10, [True] * 5, [2.0, 2.0])
+    vl_ = ev([False] * 8 + [True] * 12, [True] * 10 + [False] * 10, [True] * 5, [3.0, 3.0])
+    t = pairs.paired_table({("m", "base"): base, ("m", "vl"): vl_}, conditions=("vl", "text_only"))
+    r = t.set_index("metric")
+    assert set(t.condition) == {"vl"}  # missing conditions are skipped
+    assert r.loc["instructions strict", "change"] == -40 and r.loc["instructions strict", "lost"] == 8
+    assert r.loc["instructions strict", "p"] == pytest.approx(2 * 0.5 ** 8)
+    assert r.loc["math strict", "change"] == 0 and r.loc["math strict", "p"] == 1
+    m = r.loc["strict-format mean"]
+    assert m["change"] == pytest.approx(-20) and m["hi"] < 0 and m["test"] == "bootstrap"
+    assert r.loc["perplexity ppl", "change"] > 0 and r.loc["perplexity ppl", "p"] != r.loc["perplexity ppl", "p"]
+    shown = pairs.paired_display(t, ("vl",))
+    cells = shown[0].frame.loc[("m", "instr. strict"), "VL"] if len(shown) == 1 else None
+    assert cells is not None and cells.startswith("-40.0 [") and "p=0.008" in cells

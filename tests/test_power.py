@@ -40,3 +40,26 @@ def test_min_detectable_drop_and_table():
         power.mcnemar_power(10, 0.9, flip=0.1)
     with pytest.raises(ParameterError, match="outside"):
         power.unpaired_power(10, 0.2, 0.5)
+
+
+def test_base_power_table_reads_outcomes():
+    from sinklib.evals.paired import pack
+
+    out = {"m": pack({"math strict": [True] * 150 + [False] * 150, "knowledge acc": [True] * 3 + [False] * 7,
+                      "perplexity": {"nll": [1.0], "n_tokens": [1]}})}
+    t = power.base_power_table(out, flips=(0.0,))
+    assert list(t.suite) == ["m: math strict", "m: knowledge acc"] and list(t["items"]) == [300, 10]
+    assert t["base (%)"].tolist() == [50.0, 30.0]
+    assert t.loc[0, "paired, flip 0"] == power.min_detectable_drop(300, 0.5)
+    assert t.loc[0, "paired, flip 0"] < t.loc[0, "unpaired"]  # pairing detects smaller falls
+
+
+def test_sentence_names_undetectable_falls():
+    import pandas as pd
+
+    t = pd.DataFrame([{"suite": "m: math strict", "items": 300, "base (%)": 50.0, "paired, flip 0.05": 9.5,
+                       "unpaired": 11.0}, {"suite": "m: x", "items": 2, "base (%)": 0.0,
+                                           "paired, flip 0.05": float("nan"), "unpaired": float("nan")}])
+    assert power.sentence(t) == ("m: math strict 9.5 points paired (unpaired 11.0 points) at a base accuracy of 50 % "
+                                 "on 300 items; m: x no fall of any size paired (unpaired no fall of any size) at a "
+                                 "base accuracy of 0 % on 2 items")

@@ -343,3 +343,24 @@ def test_against_majority_is_chapter_4s_rule():
     assert (r["vqa"], r["vqa_lo"], r["vqa_hi"], r["n"], r["majority"]) == (50.0, 100 * lo, 100 * hi, 200, maj)
     assert r["learned"] == (100 * lo > maj)
     assert not vl.against_majority(maj / 100, 200, 0, 48)["learned"]  # at the baseline itself: not learned
+
+
+def test_relative_change_by_group():
+    import torch
+
+    from sinklib.vl import relative_change_by_group, tensor_group
+
+    emb = torch.ones(4, 2)
+    base = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "model.layers.0.self_attn.q_proj.weight": torch.ones(2, 2),
+            "model.layers.0.mlp.up_proj.weight": torch.full((2, 2), 2.0), "model.norm.weight": torch.ones(2),
+            "steps": torch.tensor([3])}
+    other = {k: v.clone() for k, v in base.items()}
+    other["model.layers.0.self_attn.q_proj.weight"][0, 0] += 2.0   # ||dW|| 2, ||W|| 2 -> 1.0
+    other["model.layers.0.mlp.up_proj.weight"] += 0.2              # ||dW|| 0.4, ||W|| 4 -> 0.1
+    rows = {r["group"]: r for r in relative_change_by_group(base, other)}
+    assert list(rows) == ["embeddings / LM head", "attention Q, K", "MLP", "norm gains"]
+    assert rows["embeddings / LM head"]["tensors"] == 1 and rows["embeddings / LM head"]["relative change"] == 0  # tied: once
+    assert rows["attention Q, K"]["relative change"] == pytest.approx(1.0)
+    assert rows["MLP"]["relative change"] == pytest.approx(0.1) and rows["MLP"]["largest tensor"] == pytest.approx(0.1)
+    assert tensor_group("model.layers.3.self_attn.k_norm.weight") == "attention Q, K"
+    assert tensor_group("model.layers.3.input_layernorm.weight") == "norm gains" and tensor_group("x.bias") == "other"

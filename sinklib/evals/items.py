@@ -193,7 +193,8 @@ def generate_math_items(n: int = 60, seed: int = 0, templates: tuple[str, ...] |
     """``n`` arithmetic word problems, cycling over the templates, drawn by a seeded generator.
 
     Deterministic: the same (n, seed, templates) always gives the same items (``math.jsonl`` is
-    ``generate_math_items(60, seed=0)``; a test checks the file against the generator).
+    ``generate_math_items(300, seed=0)``; a test checks the file against the generator and every answer
+    against an independent solver).
     """
     names = tuple(templates or MATH_TEMPLATES)
     for t in names:
@@ -209,6 +210,24 @@ def generate_math_items(n: int = 60, seed: int = 0, templates: tuple[str, ...] |
         seen.add(q)
         rows.append({"key": len(rows), "template": t, "question": q, "answer": int(a)})
     return rows
+
+
+#: the files behind each suite (items and worked examples)
+SUITE_FILES = {"instructions": ("instructions", "instructions_fewshot"), "math": ("math", "math_fewshot"),
+               "knowledge": ("knowledge",), "perplexity": ("heldout",)}
+
+
+def fingerprint(suites) -> str:
+    """16 hex digits of the item files of `suites` (in `SUITE_FILES`; others, such as chapter 7's generated
+    suites, are skipped): part of every cached evaluation's key, so that editing an item file can never
+    return scores of the old items."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for s in sorted(suites):
+        for f in SUITE_FILES.get(s, ()):
+            h.update(f"{s}/{f}:".encode() + FILES[f].read_bytes())
+    return h.hexdigest()[:16]
 
 
 def sample(rows: list[Any], n_items: int | None, seed: int) -> list[Any]:

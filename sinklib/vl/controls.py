@@ -80,3 +80,48 @@ def random_direction_like(base_sd: Mapping[str, torch.Tensor], adapted_sd: Mappi
         scale = float(target / torch.linalg.vector_norm(r, dtype=torch.float64)) if target > 0 else 0.0
         out[k] = (b.double() + r.double() * scale).to(b.dtype)
     return out
+
+
+#: tensor groups of `relative_change_by_group`, matched in order on the key (first match wins)
+TENSOR_GROUPS = (("embeddings / LM head", ("embed", "lm_head", "wte", "wpe")),
+                 ("attention Q, K", ("q_proj", "k_proj", "q_norm", "k_norm")),
+                 ("attention V, O", ("v_proj", "o_proj")),
+                 ("MLP", ("mlp", "gate_proj", "up_proj", "down_proj")),
+                 ("norm gains", ("norm",)))
+
+
+def tensor_group(key: str) -> str:
+    """The `TENSOR_GROUPS` name of a state-dict key ('other' when none matches)."""
+    for name, parts in TENSOR_GROUPS:
+        if any(p in key for p in parts):
+            return name
+    return "other"
+
+
+def relative_change_by_group(base_sd: Mapping[str, torch.Tensor], other_sd: Mapping[str, torch.Tensor]) -> list[dict]:
+    """How large a weight change is against the weights, per tensor group: rows {group, tensors, parameters,
+    'relative change' = ||other - base||_F / ||base||_F over the group's tensors together, 'largest tensor' =
+    the largest per-tensor ratio}. Tied tensors (one storage, two keys) count once; non-float tensors are
+    skipped."""
+    _check_pair(base_sd, other_sd, "other_sd")
+    acc: dict[str, dict] = {}
+    seen: set = set()
+    for k, b in base_sd.items():
+        if not b.is_floating_point() or not b.numel():
+            continue
+        ident = (b.data_ptr(), tuple(b.shape))
+        if ident in seen:
+            continue
+        seen.add(ident)
+        d2 = float(torch.sum((other_sd[k].double() - b.double()) ** 2))
+        w2 = float(torch.sum(b.double() ** 2))
+        g = acc.setdefault(tensor_group(k), {"tensors": 0, "parameters": 0, "d2": 0.0, "w2": 0.0, "max": 0.0})
+        g["tensors"] += 1
+        g["parameters"] += b.numel()
+        g["d2"] += d2
+        g["w2"] += w2
+        g["max"] = max(g["max"], (d2 / w2) ** 0.5 if w2 > 0 else float("inf") if d2 > 0 else 0.0)
+    order = [n for n, _ in TENSOR_GROUPS] + ["other"]
+    return [{"group": n, "tensors": acc[n]["tensors"], "parameters": acc[n]["parameters"],
+             "relative change": (acc[n]["d2"] / acc[n]["w2"]) ** 0.5 if acc[n]["w2"] > 0 else float("nan"),
+             "largest tensor": acc[n]["max"]} for n in order if n in acc]
