@@ -37,6 +37,10 @@ from .params import COMMON, boolean, check_choice, check_float, check_int, choic
 from .sink import prompt_count
 
 CONDITIONS = ("base", "vl", "text_only", "random")
+#: conditions a pair can add on request (`build_pair(extra=...)`): the format-preserving text-only control
+#: (the same items with every answer written as a full sentence, `vl.sentence_answer`)
+EXTRA_CONDITIONS = ("text_sentence",)
+TRAINED = ("vl", "text_only") + EXTRA_CONDITIONS
 
 
 def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = vl.RECIPE["stage1_steps"],
@@ -66,9 +70,9 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
 
 
 def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
-    """Checkpoint folder of one trained condition ('vl' or 'text_only')."""
-    if kind not in ("vl", "text_only"):
-        raise ParameterError(f"parameter 'kind' got {kind!r}; allowed: 'vl', 'text_only'")
+    """Checkpoint folder of one trained condition (`TRAINED`: 'vl', 'text_only', 'text_sentence')."""
+    if kind not in TRAINED:
+        raise ParameterError(f"parameter 'kind' got {kind!r}; allowed: {', '.join(map(repr, TRAINED))}")
     return cache.checkpoint_dir(cache.key({**params, "kind": kind}))
 
 
@@ -97,12 +101,14 @@ def _meta_of(res: vl.VLResult) -> dict:
 
 
 def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | None = None, callback_every: int = 0,
-               progress: bool = True, retrain: bool = False) -> Pair:
+               progress: bool = True, retrain: bool = False, extra: Sequence[str] = ()) -> Pair:
     """Train (or load from the cache) the VL and text-only conditions of `lm`, and draw the random control.
 
     `lm.model` ends holding the base weights again. `callback(step, model, ...)` is passed to the
     trainings (for S along training); cached conditions keep the callbacks of the run that made them.
+    `extra`: conditions of `EXTRA_CONDITIONS` to train (or load) as well.
     """
+    extra = tuple(check_choice("extra[]", e, EXTRA_CONDITIONS) for e in extra)
     model, tok = lm.model, lm.tokenizer
     params = dict(params)
     base_sd = vl.clone_state_dict(model)
@@ -137,6 +143,20 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
         cache.save_checkpoint(path, model, meta=logs["text_only"])
         trained["text_only"] = True
     states["text_only"] = vl.clone_state_dict(model)
+
+    for kind in extra:  # the format-preserving control: one-word answers written as sentences
+        model.load_state_dict(base_sd, strict=True)
+        path = condition_dir(params, kind)
+        if cache.checkpoint_exists(path) and not retrain:
+            logs[kind] = cache.load_checkpoint(path, model).meta
+            trained[kind] = False
+        else:
+            res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"],
+                                     answer_style="sentence", **common)
+            logs[kind] = _meta_of(res)
+            cache.save_checkpoint(path, model, meta=logs[kind])
+            trained[kind] = True
+        states[kind] = vl.clone_state_dict(model)
 
     states["random"] = vl.random_direction_like(base_sd, states["vl"], seed=params["seed"])
     model.load_state_dict(base_sd, strict=True)
@@ -205,7 +225,7 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
                                    batch_size=eval_batch_size) if suites else {}
             s = sink.sink_strength(model, prompts, tokenizer=lm.tokenizer, all_layers=True, **sink_kwargs)
             vqa = None
-            if vqa_n and condition != "text_only" and pair.projector is not None:
+            if vqa_n and not condition.startswith("text") and pair.projector is not None:
                 acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
                                          vl.heldout_items(vqa_n, seed, pair.params["image_size"]))
                 vqa = [acc, n]

@@ -233,3 +233,17 @@ def test_paired_table_and_display():
     shown = pairs.paired_display(t, ("vl",))
     cells = shown[0].frame.loc[("m", "instr. strict"), "VL"] if len(shown) == 1 else None
     assert cells is not None and cells.startswith("-40.0 [") and "p=0.008" in cells
+
+
+def test_build_pair_adds_the_format_preserving_control(cache):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    p = pairs.build_pair(lm, _params(), progress=False, extra=("text_sentence",))
+    assert p.trained_now == {"vl": True, "text_only": True, "text_sentence": True}
+    assert p.logs["text_sentence"]["params"]["answer_style"] == "sentence"
+    assert p.logs["text_sentence"]["budget"]["stage2"]["answer_tokens"] > p.logs["text_only"]["budget"]["stage2"]["answer_tokens"]
+    again = pairs.build_pair(lm, _params(), progress=False)  # the one-word pair's cache is untouched by the extra one
+    assert again.trained_now == {"vl": False, "text_only": False} and "text_sentence" not in again.states
+    assert pairs.condition_dir(_params(), "text_sentence") != pairs.condition_dir(_params(), "text_only")
+    with pytest.raises(ParameterError, match="extra"):
+        pairs.build_pair(lm, _params(), progress=False, extra=("poetry",))

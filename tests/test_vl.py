@@ -364,3 +364,53 @@ def test_relative_change_by_group():
     assert rows["MLP"]["relative change"] == pytest.approx(0.1) and rows["MLP"]["largest tensor"] == pytest.approx(0.1)
     assert tensor_group("model.layers.3.self_attn.k_norm.weight") == "attention Q, K"
     assert tensor_group("model.layers.3.input_layernorm.weight") == "norm gains" and tensor_group("x.bias") == "other"
+
+
+def test_scaled_change_scales_the_norm_and_keeps_ties():
+    import torch
+
+    from sinklib.errors import ParameterError
+    from sinklib.vl import relative_change_by_group, scaled_change
+
+    w = torch.randn(4, 3)
+    base = {"model.embed_tokens.weight": w, "lm_head.weight": w, "model.layers.0.mlp.up_proj.weight": torch.ones(3, 3),
+            "n": torch.tensor([1])}
+    other = {k: (v + 0.1 if v.is_floating_point() else v) for k, v in base.items()}
+    other["lm_head.weight"] = other["model.embed_tokens.weight"]
+    r1 = {r["group"]: r["relative change"] for r in relative_change_by_group(base, other)}
+    for s in (0.0, 0.5, 4.0):
+        sd = scaled_change(base, other, s)
+        assert sd["lm_head.weight"] is sd["model.embed_tokens.weight"] and torch.equal(sd["n"], base["n"])
+        rs = {r["group"]: r["relative change"] for r in relative_change_by_group(base, sd)}
+        assert rs["MLP"] == pytest.approx(s * r1["MLP"], rel=1e-5, abs=1e-9)
+        assert rs["embeddings / LM head"] == pytest.approx(s * r1["embeddings / LM head"], rel=1e-5, abs=1e-9)
+    assert torch.equal(scaled_change(base, other, 1.0)["model.layers.0.mlp.up_proj.weight"], other["model.layers.0.mlp.up_proj.weight"])
+    with pytest.raises(ParameterError, match="scale"):
+        scaled_change(base, other, -1.0)
+
+
+def test_sentence_answers_keep_the_content():
+    items = vl.eval_items(200, seed=3)
+    seen = set()
+    for it in items:
+        s = vl.sentence_answer(it)
+        seen.add(it.qtype)
+        assert s.endswith(".") and s[0].isupper()
+        if it.qtype == "count":
+            assert (it.answer in s) or (it.answer == "1" and "one shape" in s)
+        elif it.qtype == "exists":
+            assert s.startswith("Yes," if it.answer == "yes" else "No,")
+        else:
+            assert f" {it.answer}" in s
+    assert seen == set(vl.QUESTION_TYPES)
+
+
+def test_format_preserving_text_only_control():
+    word = vl.train_text_only(tiny(), TOK, steps=2, batch_size=4, lr=1e-3, seed=7, progress=False)
+    sent = vl.train_text_only(tiny(), TOK, steps=2, batch_size=4, lr=1e-3, seed=7, progress=False,
+                              answer_style="sentence")
+    assert "answer_style" not in word.params and sent.params["answer_style"] == "sentence"
+    a, b = word.budget["stage2"], sent.budget["stage2"]
+    assert a["examples"] == b["examples"] and b["answer_tokens"] > a["answer_tokens"]  # same items, longer answers
+    with pytest.raises(ParameterError, match="answer_style"):
+        vl.train_text_only(tiny(), TOK, steps=1, batch_size=2, progress=False, answer_style="haiku")

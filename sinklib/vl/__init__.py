@@ -21,7 +21,7 @@ Every public name of the submodules is importable from `sinklib.vl`.
 """
 from __future__ import annotations
 
-from .controls import clone_state_dict, random_direction_like, relative_change_by_group, tensor_group
+from .controls import clone_state_dict, random_direction_like, relative_change_by_group, scaled_change, tensor_group
 from .evaluate import (MAJORITY_TRAIN_ITEMS, VQA_EVAL_SEED_OFFSET, VQA_TRACK_SEED_OFFSET, against_majority,
                        heldout_items, tracking_items, vqa_accuracy, vqa_predict)
 from .model import (PROMPT_PREFIX, Batch, FrozenVisionEncoder, Projector, answer_logits, answer_loss, build_batch,
@@ -29,15 +29,15 @@ from .model import (PROMPT_PREFIX, Batch, FrozenVisionEncoder, Projector, answer
                     make_projector)
 from .scenes import (ANSWERS, BACKGROUND, COLOURS, COLUMNS, GRID, IMAGE_SIZE, QUESTION_TYPES, ROWS, SHAPES, QAItem,
                      Scene, Shape, batch_items, check_image_size, check_qtypes, describe, eval_items, make_items,
-                     make_scenes, majority_baseline, render)
+                     make_scenes, majority_baseline, render, ANSWER_STYLES, sentence_answer)
 from .train import RECIPE, SCHEDULES, VLResult, train_text_only, train_vl
 
 __all__ = [
-    "clone_state_dict", "random_direction_like", "relative_change_by_group", "tensor_group", "MAJORITY_TRAIN_ITEMS", "against_majority", "VQA_EVAL_SEED_OFFSET", "VQA_TRACK_SEED_OFFSET", "heldout_items",
+    "clone_state_dict", "random_direction_like", "relative_change_by_group", "scaled_change", "tensor_group", "MAJORITY_TRAIN_ITEMS", "against_majority", "VQA_EVAL_SEED_OFFSET", "VQA_TRACK_SEED_OFFSET", "heldout_items",
     "tracking_items", "vqa_accuracy", "vqa_predict", "PROMPT_PREFIX", "Batch", "FrozenVisionEncoder", "Projector",
     "answer_logits", "answer_loss", "build_batch", "embedding_rms", "encoder_probe_accuracy", "hidden_states",
     "images_to_tensor", "make_encoder", "make_projector", "ANSWERS", "BACKGROUND", "COLOURS", "COLUMNS", "GRID",
     "IMAGE_SIZE", "QUESTION_TYPES", "ROWS", "SHAPES", "QAItem", "Scene", "Shape", "batch_items", "check_image_size",
     "check_qtypes", "describe", "eval_items", "make_items", "make_scenes", "majority_baseline", "render", "RECIPE",
-    "SCHEDULES", "VLResult", "train_text_only", "train_vl",
+    "SCHEDULES", "VLResult", "train_text_only", "train_vl", "ANSWER_STYLES", "sentence_answer",
 ]

@@ -125,3 +125,29 @@ def relative_change_by_group(base_sd: Mapping[str, torch.Tensor], other_sd: Mapp
     return [{"group": n, "tensors": acc[n]["tensors"], "parameters": acc[n]["parameters"],
              "relative change": (acc[n]["d2"] / acc[n]["w2"]) ** 0.5 if acc[n]["w2"] > 0 else float("nan"),
              "largest tensor": acc[n]["max"]} for n in order if n in acc]
+
+
+def scaled_change(base_sd: Mapping[str, torch.Tensor], other_sd: Mapping[str, torch.Tensor],
+                  scale: float) -> dict[str, torch.Tensor]:
+    """base + scale * (other - base) for every floating-point tensor (non-float tensors from the base): the
+    random control at `scale` times the VL change's norm, when `other_sd` is `random_direction_like`'s result.
+    Tied tensors stay tied (one new tensor per shared storage)."""
+    from ..params import check_float
+
+    scale = check_float("scale", scale, 0.0, 1000.0)
+    _check_pair(base_sd, other_sd, "other_sd")
+    out: dict[str, torch.Tensor] = {}
+    made: dict[tuple, torch.Tensor] = {}
+    for k, b in base_sd.items():
+        o = other_sd[k]
+        if not b.is_floating_point():
+            out[k] = b.clone()
+            continue
+        ident = (b.data_ptr(), o.data_ptr(), tuple(b.shape)) if b.numel() else None
+        if ident is not None and ident in made:
+            out[k] = made[ident]
+            continue
+        out[k] = (b.double() + scale * (o.double() - b.double())).to(b.dtype)
+        if ident is not None:
+            made[ident] = out[k]
+    return out

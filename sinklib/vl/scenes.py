@@ -180,6 +180,29 @@ def _make_question(scene: Scene, qtype: str, rng: np.random.Generator) -> QAItem
     raise ParameterError(f"parameter 'qtypes' has {qtype!r}; allowed: {', '.join(QUESTION_TYPES)}")
 
 
+#: how a training answer is written: the one-word answer the VL task scores, or a full sentence with the same
+#: content (the format-preserving text-only control)
+ANSWER_STYLES = ("word", "sentence")
+
+
+def sentence_answer(item: QAItem) -> str:
+    """The item's answer as a full English sentence with the same content, e.g. 'There are 3 shapes.' for
+    'How many shapes are there?' -> '3' (the format-preserving control trains on these)."""
+    q, a = item.question, item.answer
+    if item.qtype == "count":
+        return "There is one shape." if a == "1" else f"There are {a} shapes."
+    if item.qtype == "colour":
+        kind = q[len("What colour is the "):-1]
+        return f"The {kind} is {a}."
+    if item.qtype == "exists":
+        thing = q[len("Is there a "):-1]
+        return f"Yes, there is a {thing}." if a == "yes" else f"No, there is no {thing}."
+    if item.qtype == "where":
+        colour = q[len("Where is the "):-len(" shape?")]
+        return f"The {colour} shape is in the {a} column."
+    raise ParameterError(f"sentence_answer: unknown question type {item.qtype!r}")
+
+
 def check_qtypes(qtypes: Sequence[str]) -> tuple[str, ...]:
     if isinstance(qtypes, str):
         qtypes = [q.strip() for q in qtypes.split(",") if q.strip()]

@@ -21,7 +21,7 @@ from ..anatomy import device_dtype
 from ..errors import ParameterError
 from ..params import check_choice, check_float, check_int
 from .model import Batch, FrozenVisionEncoder, Projector, answer_loss, build_batch, make_encoder, make_projector
-from .scenes import GRID, QUESTION_TYPES, batch_items, check_image_size, check_qtypes
+from .scenes import ANSWER_STYLES, GRID, QUESTION_TYPES, batch_items, check_image_size, check_qtypes, sentence_answer
 
 SCHEDULES = train.SCHEDULES
 # The training recipe of the book's full profile (chapter 4), the one place it is defined: the
@@ -117,14 +117,15 @@ def _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_fr
 
 def _run_stage(model, tokenizer, su: _Setup, *, stage: str, tag: str, mode: str, steps: int,
                param_groups: list[dict], encoder, projector, history: list, budget: dict, step_offset: int,
-               callbacks: list) -> float:
+               callbacks: list, answer_fn: Callable | None = None) -> float:
     """One training stage: `steps` AdamW steps on the item stream `tag`; returns seconds."""
     def batches(i: int) -> list:
         return batch_items(i, su.batch_size, seed=su.seed, tag=tag, image_size=su.image_size, qtypes=su.qtypes,
                            max_shapes=su.max_shapes)
 
     def loss_fn(items: list) -> tuple[torch.Tensor, Batch]:
-        batch = build_batch(model, tokenizer, items, mode=mode, encoder=encoder, projector=projector)
+        answers = [answer_fn(it) for it in items] if answer_fn is not None else None
+        batch = build_batch(model, tokenizer, items, mode=mode, encoder=encoder, projector=projector, answers=answers)
         return answer_loss(model, batch), batch
 
     def after_step(s: train.StepInfo) -> None:
@@ -225,7 +226,7 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
                     image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4,
                     schedule: str = RECIPE["schedule"], warmup_frac: float = 0.05, weight_decay: float = 0.0,
                     max_grad_norm: float = 1.0, callback: Callable | None = None, callback_every: int = 0,
-                    progress: bool = True) -> VLResult:
+                    progress: bool = True, answer_style: str = "word") -> VLResult:
     """The matched text-only control; trains `model` IN PLACE and leaves it in eval mode.
 
     Pass the same values as to `train_vl` (steps = stage2_steps, lr = lr_lm): it then runs
@@ -234,13 +235,20 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
     description instead of visual tokens (and there is no projector). The supervised answer
     tokens are therefore identical; `result.budget['stage2']` reports steps, examples,
     answer_tokens and positions so the two budgets can be compared.
+
+    answer_style 'sentence' is the format-preserving control: the same items, but every answer written as a
+    full sentence with the same content (`scenes.sentence_answer`), so the fine-tune teaches the content
+    without the one-word answer format (its answer-token budget is then larger; the budget says by how much).
     """
     su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
                 max_grad_norm, callback, callback_every, progress)
     steps = check_int("steps", steps, 0)
     lr = check_float("lr", lr, 0.0, 1.0)
+    answer_style = check_choice("answer_style", answer_style, ANSWER_STYLES)
     torch.manual_seed(su.seed)
     params = {"kind": "text_only", "steps": steps, "lr": lr, **su.as_params()}
+    if answer_style != "word":  # the one-word control keeps its parameters (and its cache keys)
+        params["answer_style"] = answer_style
     history: list[dict] = []
     callbacks: list[dict] = []
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
@@ -253,7 +261,8 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
             p.requires_grad_(True)
         sec = _run_stage(model, tokenizer, su, stage="text-only (LM)", tag="lm", mode="text", steps=steps,
                          param_groups=[{"params": lm_params, "lr": lr}], encoder=None, projector=None,
-                         history=history, budget=budget["stage2"], step_offset=0, callbacks=callbacks)
+                         history=history, budget=budget["stage2"], step_offset=0, callbacks=callbacks,
+                         answer_fn=sentence_answer if answer_style == "sentence" else None)
     finally:
         for p, r in zip(lm_params, req):
             p.requires_grad_(r)
