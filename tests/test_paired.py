@@ -75,3 +75,17 @@ def test_fingerprint_follows_the_item_files(tmp_path, monkeypatch):
     copy.write_text(items.FILES["math"].read_text() + "\n")
     monkeypatch.setitem(items.FILES, "math", copy)
     assert items.fingerprint(["math"]) != k1["items"]  # an edited file changes every key that uses it
+
+
+def test_one_interval_per_change_wherever_it_is_computed():
+    """The paired table (paired_changes) and the claims page (claims.delta) give a change the same interval."""
+    from sinklib import claims
+
+    base = _out([1] * 12 + [0] * 8, [1, 0] * 10)
+    other = _out([1] * 7 + [0] * 13, [1, 1] * 10, nll=(2.5, 3.0, 1.5))
+    rows = {r["metric"]: r for r in paired.paired_changes({"outcomes": base}, {"outcomes": paired.pack(other)})}
+    doc = {"results": {"outcomes": {"m": {"base": paired.pack(base), "vl": paired.pack(other)}}}}
+    for metric in ("math strict", "knowledge acc", "perplexity ppl"):
+        e = claims.delta(doc, "m", "vl", "base", (metric,))
+        r = rows[metric]
+        assert (r["change"], r["lo"], r["hi"]) == pytest.approx((e.v, e.lo, e.hi)), metric

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from ..verdicts import Est
-from .grading import mcnemar_exact, paired_ci, paired_ppl_ci
+from .grading import mcnemar_exact
 
 #: the pass/fail metrics kept per item (suite, per-item field); perplexity keeps NLL and token counts
 PASS_FAIL = (("instructions", "strict"), ("instructions", "lenient"), ("math", "strict"), ("math", "lenient"),
@@ -54,31 +54,30 @@ def unpack(out: Mapping[str, Any]) -> dict:
 
 def paired_changes(base: Mapping, other: Mapping, *, seed: int = 0) -> list[dict]:
     """Every metric's change from `base` to `other` (two evaluations with 'outcomes' on the same items): score
-    before and after (%, perplexity as exp of nats per token), change, its paired bootstrap 95 % interval and,
-    for pass/fail metrics, the exact McNemar p-value and the discordant counts. -> rows {metric, base, other,
-    change, lo, hi, p, lost, gained}."""
+    before and after (%, perplexity as exp of nats per token), change, its paired bootstrap 95 % interval (the
+    suite's shared resampling indices, as `change`, so that the same change has the same interval wherever it is
+    computed) and, for pass/fail metrics, the exact McNemar p-value and the discordant counts. -> rows {metric,
+    base, other, change, lo, hi, p, lost, gained}."""
     rows = []
     bo, oo = unpack(base["outcomes"]), unpack(other["outcomes"])
     for name in bo:
         if name not in oo:
             continue
         if name == "perplexity":
-            b, o = bo[name], oo[name]
-            if b["n_tokens"] != o["n_tokens"]:
+            if bo[name]["n_tokens"] != oo[name]["n_tokens"]:
                 raise ParameterError("paired_changes: the two perplexity runs scored different documents")
-            ppl = lambda d: float(np.exp(sum(d["nll"]) / sum(d["n_tokens"])))  # noqa: E731
-            lo, hi = paired_ppl_ci(b["nll"], o["nll"], b["n_tokens"], seed=seed)
-            rows.append({"metric": "perplexity ppl", "base": ppl(b), "other": ppl(o), "change": ppl(o) - ppl(b),
-                         "lo": lo, "hi": hi, "p": float("nan"), "lost": 0, "gained": 0})
+            e = estimate(*change(bo, oo, "perplexity ppl", seed=seed))
+            rows.append({"metric": "perplexity ppl", "base": score(bo, "perplexity ppl"),
+                         "other": score(oo, "perplexity ppl"), "change": e.v, "lo": e.lo, "hi": e.hi,
+                         "p": float("nan"), "lost": 0, "gained": 0})
             continue
         b, o = bo[name], oo[name]
         if len(b) != len(o):
             raise ParameterError(f"paired_changes: {name} has {len(b)} items in one run and {len(o)} in the other")
-        lo, hi = paired_ci(b, o, seed=seed)
+        e = estimate(*change(bo, oo, name, seed=seed))
         m = mcnemar_exact(b, o)
-        rows.append({"metric": name, "base": 100 * float(np.mean(b)), "other": 100 * float(np.mean(o)),
-                     "change": 100 * (float(np.mean(o)) - float(np.mean(b))), "lo": lo, "hi": hi,
-                     "p": m["p"], "lost": m["b"], "gained": m["c"]})
+        rows.append({"metric": name, "base": score(bo, name), "other": score(oo, name), "change": e.v,
+                     "lo": e.lo, "hi": e.hi, "p": m["p"], "lost": m["b"], "gained": m["c"]})
     return rows
 
 
