@@ -300,6 +300,26 @@ def paired_table(evaluations: Mapping[tuple[str, str], dict], conditions: Sequen
     return pd.DataFrame(rows)
 
 
+def seed_summary(tables: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
+    """`paired_table`s of several training seeds -> one row per (model, condition, metric): the mean change over
+    seeds, its spread (smallest and largest change, standard deviation), the number of seeds whose paired
+    interval excludes zero below and above, and 'seed spread exceeds effect' (the range of the seeds' changes is
+    wider than the absolute mean change: the training noise is as large as the effect, whatever one run's
+    item-level interval says)."""
+    if not tables:
+        raise ParameterError("seed_summary needs the paired table of at least one seed")
+    long = pd.concat([t.assign(seed=seed) for seed, t in tables.items()], ignore_index=True)
+    rows = []
+    for (model, cond, metric), g in long.groupby(["model", "condition", "metric"], sort=False):
+        ch = g.change.to_numpy(float)
+        rows.append({"model": model, "condition": cond, "metric": metric, "seeds": len(g),
+                     "mean change": float(ch.mean()), "min": float(ch.min()), "max": float(ch.max()),
+                     "sd": float(ch.std(ddof=1)) if len(ch) > 1 else float("nan"),
+                     "seeds below zero": int((g.hi < 0).sum()), "seeds above zero": int((g.lo > 0).sum()),
+                     "seed spread exceeds effect": bool(len(ch) > 1 and ch.max() - ch.min() > abs(ch.mean()))})
+    return pd.DataFrame(rows)
+
+
 def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
     """`paired_table` for display: per model, one row per metric and one column per condition holding
     'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""

@@ -247,3 +247,17 @@ def test_build_pair_adds_the_format_preserving_control(cache):
     assert pairs.condition_dir(_params(), "text_sentence") != pairs.condition_dir(_params(), "text_only")
     with pytest.raises(ParameterError, match="extra"):
         pairs.build_pair(lm, _params(), progress=False, extra=("poetry",))
+
+
+def test_seed_summary():
+    import pandas as pd
+
+    def t(change, lo, hi):
+        return pd.DataFrame([{"model": "m", "condition": "vl", "metric": "math strict", "change": change, "lo": lo, "hi": hi}])
+    s = pairs.seed_summary({0: t(-10, -15, -5), 1: t(-8, -12, -3), 2: t(-12, -18, -6)}).iloc[0]
+    assert s["seeds"] == 3 and s["mean change"] == pytest.approx(-10) and (s["min"], s["max"]) == (-12, -8)
+    assert s["seeds below zero"] == 3 and not s["seed spread exceeds effect"]  # range 4 < |mean| 10
+    s = pairs.seed_summary({0: t(-10, -15, -5), 1: t(6, 1, 11), 2: t(-2, -6, 2)}).iloc[0]
+    assert s["seed spread exceeds effect"] and s["seeds below zero"] == 1 and s["seeds above zero"] == 1
+    with pytest.raises(ParameterError, match="at least one seed"):
+        pairs.seed_summary({})
