@@ -33,9 +33,9 @@ def test_checkpoint_keys_are_pinned():
 def test_evaluation_keys_are_pinned():
     common = dict(eval_n=EVAL_N, seed=0, prompts=PROMPTS, sink_kwargs={"max_tokens": 32, "last_k_layers": 10},
                   vqa_n=16, eval_batch_size=8)
-    assert cache.key(pairs.evaluation_key(_pair_params(), "vl", **common)) == "43f9fdee3ffbad37"
+    assert cache.key(pairs.evaluation_key(_pair_params(), "vl", **common)) == "1847c54e2fa6104e"  # outcomes, item files
     key = pairs.evaluation_key(_pair_params(), "merge:tsv", **common, key_extra=merge.evaluation_extra("tsv"))
-    assert cache.key(key) == "475863022b120e52"
+    assert cache.key(key) == "e17aee59f16a3bee"
 
 
 def test_merge_defaults_in_keys_are_pinned():
@@ -48,7 +48,7 @@ def test_merge_defaults_in_keys_are_pinned():
 def test_injection_key_is_pinned():
     key = inject.injection_key("injected+recovery", model="smollm2-135m", weights="0123abcd", eval_n=EVAL_N, seed=0,
                                prompts=PROMPTS, K=10, gain_rule="match_rms", calib=4, recovery=[2, 0.0001, 2])
-    assert cache.key(key) == "b0f4aa118c50a4b9"
+    assert cache.key(key) == "828be7dbf968b7f2"  # with the item files' fingerprint
 
 
 def test_seeds_per_key_keep_each_call_sites_modulus():

@@ -427,7 +427,7 @@ def test_injection_evaluate_builds_the_model_only_on_a_cache_miss(monkeypatch, t
     assert calls == [1] and first == again
     assert first["recovery_loss"] == [2.0, 1.0] and first["S"] == 0.5
     plain = inject.evaluate(torch.nn.Linear(1, 1), None, {**key, "tag": "u"}, max_tokens=8, eval_batch_size=1)
-    assert set(plain) == {"scores", "S"}
+    assert set(plain) == {"scores", "outcomes", "S"}
 
 
 def test_run_conditions_injects_fine_tunes_both_arms_once_and_keeps_the_original(monkeypatch, tmp_path):
