@@ -152,21 +152,32 @@ def outcomes_of(doc: dict, model: str, cond: str) -> dict | None:
     return doc["results"].get("outcomes", {}).get(model, {}).get(cond)
 
 
-def _draws(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[float, object] | None:
+def paired_change(a_out: dict | None, b_out: dict | None, metrics) -> tuple[float, object] | None:
+    """(point, bootstrap draws) of a - b of the mean of `metrics` on the shared items, from two per-item outcome
+    records (`sinklib.evals.paired`); None when either record is missing (the caller falls back to MOVER)."""
     from .evals import paired
 
-    a, b = outcomes_of(doc, model, cond), outcomes_of(doc, model, ref)
-    return None if a is None or b is None else paired.change(b, a, list(metrics))
+    return None if a_out is None or b_out is None else paired.change(b_out, a_out, list(metrics))
+
+
+def paired_delta(a_out: dict | None, b_out: dict | None, metrics) -> Est | None:
+    """`paired_change` as a point value with its interval, or None."""
+    from .evals import paired
+
+    d = paired_change(a_out, b_out, metrics)
+    return None if d is None else paired.estimate(*d)
+
+
+def _draws(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[float, object] | None:
+    return paired_change(outcomes_of(doc, model, cond), outcomes_of(doc, model, ref), metrics)
 
 
 def delta(doc: dict, model: str, cond: str, ref: str, metrics) -> Est:
     """cond minus ref of the mean of `metrics` ('suite metric'), in points: a paired bootstrap interval over
     the shared items when the doc holds per-item outcomes of both, else the MOVER interval of the scores."""
-    from .evals import paired
-
-    d = _draws(doc, model, cond, ref, metrics)
-    if d is not None:
-        return paired.estimate(*d)
+    e = paired_delta(outcomes_of(doc, model, cond), outcomes_of(doc, model, ref), metrics)
+    if e is not None:
+        return e
     return diff(mean(*(score(doc, model, cond, m) for m in metrics)), mean(*(score(doc, model, ref, m) for m in metrics)))
 
 
@@ -507,11 +518,7 @@ def _inject(res):
     outs = {c: v.get("outcomes") for c, v in inj.items()}
 
     def paired_d(a: str, b: str) -> Est | None:  # a - b on the shared items, when both stored them
-        from .evals import paired
-
-        if outs.get(a) is None or outs.get(b) is None:
-            return None
-        return paired.estimate(*paired.change(outs[b], outs[a], list(_strict())))
+        return paired_delta(outs.get(a), outs.get(b), _strict())
 
     d = paired_d(final, "original") or diff(mean(*(sc[final][m] for m in _strict())),
                                             mean(*(sc["original"][m] for m in _strict())))
@@ -555,9 +562,8 @@ def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]],
                  for r in rows if r["model"] == m}
 
         def d(a: str, b: str, m=m, conds=conds) -> Est:
-            if outcomes_of(doc, m, a) is not None and outcomes_of(doc, m, b) is not None:
-                return delta(doc, m, a, b, _strict())
-            return diff(conds[a], conds[b])
+            e = paired_delta(outcomes_of(doc, m, a), outcomes_of(doc, m, b), _strict())
+            return diff(conds[a], conds[b]) if e is None else e
 
         vl = next(r for r in rows if r["model"] == m and r["condition"] == "vl")
         e = wilson_pct(vl["VQA (%)"], doc["parameters"]["vqa_n"])

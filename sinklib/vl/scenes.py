@@ -185,6 +185,14 @@ def _make_question(scene: Scene, qtype: str, rng: np.random.Generator) -> QAItem
 ANSWER_STYLES = ("word", "sentence")
 
 
+def _slot(question: str, head: str, tail: str) -> str:
+    """The words between `head` and `tail` of a question written by `_make_question` (an error, not a wrong
+    sentence, when the question does not follow its template)."""
+    if not (question.startswith(head) and question.endswith(tail)):
+        raise ParameterError(f"sentence_answer: {question!r} does not follow the template {head!r}...{tail!r}")
+    return question[len(head):len(question) - len(tail)]
+
+
 def sentence_answer(item: QAItem) -> str:
     """The item's answer as a full English sentence with the same content, e.g. 'There are 3 shapes.' for
     'How many shapes are there?' -> '3' (the format-preserving control trains on these)."""
@@ -192,14 +200,12 @@ def sentence_answer(item: QAItem) -> str:
     if item.qtype == "count":
         return "There is one shape." if a == "1" else f"There are {a} shapes."
     if item.qtype == "colour":
-        kind = q[len("What colour is the "):-1]
-        return f"The {kind} is {a}."
+        return f"The {_slot(q, 'What colour is the ', '?')} is {a}."
     if item.qtype == "exists":
-        thing = q[len("Is there a "):-1]
+        thing = _slot(q, "Is there a ", "?")
         return f"Yes, there is a {thing}." if a == "yes" else f"No, there is no {thing}."
     if item.qtype == "where":
-        colour = q[len("Where is the "):-len(" shape?")]
-        return f"The {colour} shape is in the {a} column."
+        return f"The {_slot(q, 'Where is the ', ' shape?')} shape is in the {a} column."
     raise ParameterError(f"sentence_answer: unknown question type {item.qtype!r}")
 
 
