@@ -75,7 +75,7 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
            "eval_n": dict(eval_n), "seed": int(seed), "batch": int(eval_batch_size), "tag": tag,
            "version": CAUSAL_VERSION}
     if not isinstance(lm, TinyLM):  # the embedded suites' item files (chapter 7's suites are generated)
-        key["items"] = fingerprint(k for k, v in eval_n.items() if v)
+        key["items"] = fingerprint(dict(eval_n))
     if first_token != "default":
         key["first_token"] = first_token
         if first_token == "eos":

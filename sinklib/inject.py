@@ -287,7 +287,7 @@ def injection_key(tag: str, *, model: str, weights: str, eval_n: Mapping[str, in
 
     return {"tag": tag, "model": model, "weights": weights, "eval_n": dict(eval_n), "seed": seed, "prompts": prompts,
             "K": K, "gain_rule": gain_rule, "calib": calib, "recovery": list(recovery),
-            "items": fingerprint(k for k, v in eval_n.items() if v), "version": INJECTION_VERSION}
+            "items": fingerprint(dict(eval_n)), "version": INJECTION_VERSION}
 
 
 def evaluate(model: torch.nn.Module | Callable[[], tuple[torch.nn.Module, dict]], tokenizer: Any,

@@ -194,7 +194,7 @@ def evaluation_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Ma
 
     key = {"pair": dict(pair_params), "condition": condition, "eval_n": dict(eval_n), "seed": seed,
            "prompts": prompts, "sink": dict(sink_kwargs), "vqa_n": vqa_n, "eval_batch_size": eval_batch_size,
-           "items": fingerprint(k for k, v in eval_n.items() if v), "version": EVAL_VERSION}
+           "items": fingerprint(dict(eval_n)), "version": EVAL_VERSION}
     if key_extra:
         key["extra"] = dict(key_extra)
     return key

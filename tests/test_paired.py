@@ -68,6 +68,7 @@ def test_fingerprint_follows_the_item_files(tmp_path, monkeypatch):
     f = items.fingerprint(["math", "knowledge"])
     assert f == items.fingerprint(["knowledge", "math"]) and len(f) == 16
     assert f != items.fingerprint(["math"]) and items.fingerprint(["format"]) == items.fingerprint([])
+    assert items.fingerprint({"math": 3, "knowledge": 0, "format": 5}) == items.fingerprint(["math"])
     k1 = pairs.evaluation_key({"model": "m"}, "vl", eval_n={"math": 3, "knowledge": 0}, seed=0, prompts=[],
                               sink_kwargs={}, vqa_n=0, eval_batch_size=1)
     assert k1["items"] == items.fingerprint(["math"])

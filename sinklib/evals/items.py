@@ -218,11 +218,13 @@ SUITE_FILES = {"instructions": ("instructions", "instructions_fewshot"), "math":
 
 
 def fingerprint(suites) -> str:
-    """16 hex digits of the item files of `suites` (in `SUITE_FILES`; others, such as chapter 7's generated
-    suites, are skipped): part of every cached evaluation's key, so that editing an item file can never
-    return scores of the old items."""
+    """16 hex digits of the item files of `suites` (names, or an `eval_n` mapping suite -> items whose suites
+    with items > 0 count; suites not in `SUITE_FILES`, such as chapter 7's generated ones, are skipped): part of
+    every cached evaluation's key, so that editing an item file can never return scores of the old items."""
     import hashlib
 
+    if isinstance(suites, dict):
+        suites = [k for k, v in suites.items() if v]
     h = hashlib.sha256()
     for s in sorted(suites):
         for f in SUITE_FILES.get(s, ()):
