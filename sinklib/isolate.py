@@ -176,3 +176,81 @@ def harm_sentence(curve: pd.DataFrame, metrics: Sequence[str] = ("strict-format 
             found.append(f"{label}: {'from ' + format(k, 'g') + 'x' if k is not None else 'at no size'}")
         parts.append(f"{m} (sizes {sizes}): " + "; ".join(found))
     return ". ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# does the sink move with the format? (across every adapted condition of a model)
+
+def sink_text_rows(evaluations: Mapping[tuple[str, str], dict], last_k: Mapping[str, int] | int,
+                   metrics: Sequence[str] = ("strict-format mean", "knowledge acc")) -> pd.DataFrame:
+    """One row per (model, adapted condition): the change from base of the sink mass of the last K layers (mean
+    over their heads of the attention mass on the first token), of S, and of each metric (points, from the
+    per-item outcomes; 'strict-format mean' as `pairs.STRICT_METRICS`). `last_k`: K, or {model: K}."""
+    from .evals.paired import score
+    from .pairs import STRICT_METRICS
+
+    def value(out: Mapping[str, Any], metric: str) -> float:
+        if metric == "strict-format mean":
+            return float(np.mean([score(out, m) for m in STRICT_METRICS if m in out]))
+        return score(out, metric)
+
+    rows = []
+    for (m, cond), ev in evaluations.items():
+        if cond == "base" or (m, "base") not in evaluations:
+            continue
+        base = evaluations[(m, "base")]
+        k = int(last_k[m] if isinstance(last_k, Mapping) else last_k)
+        mass = float(np.mean(np.asarray(ev["mass"])[-k:])) - float(np.mean(np.asarray(base["mass"])[-k:]))
+        row = {"model": m, "condition": cond, "sink mass change": mass, "S change": ev["S"] - base["S"]}
+        row.update({f"{metric} change": value(ev["outcomes"], metric) - value(base["outcomes"], metric)
+                    for metric in metrics})
+        rows.append(row)
+    if not rows:
+        raise ParameterError("sink_text_rows found no adapted condition beside a base evaluation")
+    return pd.DataFrame(rows)
+
+
+def sink_text_correlation(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-format mean", "knowledge acc"),
+                          x: str = "sink mass change") -> pd.DataFrame:
+    """Spearman rho between `x` and each metric's change across the adapted conditions, per model and over all
+    models together, with a two-sided permutation p-value (exact up to 8 conditions, `panel.spearman_permutation`).
+    Rows: model ('all models' for the pooled one), metric, n, rho, p."""
+    from .panel import spearman_permutation
+
+    out = []
+    groups = [(m, g) for m, g in rows.groupby("model", sort=False)]
+    if len(groups) > 1:
+        groups.append(("all models", rows))
+    for m, g in groups:
+        for metric in metrics:
+            xs, ys = g[x].to_numpy(float), g[f"{metric} change"].to_numpy(float)
+            if len(g) < 3 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
+                out.append({"model": m, "metric": metric, "n": len(g), "rho": np.nan, "p": np.nan})
+                continue
+            r = spearman_permutation(xs, ys, exact_max_n=8)
+            out.append({"model": m, "metric": metric, "n": len(g), "rho": r.rho, "p": r.p_value})
+    return pd.DataFrame(out)
+
+
+def correlation_sentence(corr: pd.DataFrame) -> str:
+    """'model: strict-format mean rho +0.50 (p 0.27, n 8), knowledge rho ... ' for each row group."""
+    parts = []
+    for m, g in corr.groupby("model", sort=False):
+        cells = [f"{r.metric.replace(' acc', '')} rho {r.rho:+.2f} (p {r.p:.2f}, n {r.n})" if r.rho == r.rho
+                 else f"{r.metric.replace(' acc', '')}: no rho (a side is constant or n < 3)" for r in g.itertuples()]
+        parts.append(f"{m}: " + ", ".join(cells))
+    return "; ".join(parts)
+
+
+def critical_rho(n: int, level: float = 0.05) -> float:
+    """The smallest |rho| whose two-sided exact permutation p-value is at most `level` for n untied conditions
+    (n <= 9; the bar a correlation across n conditions must clear)."""
+    from .panel import rho_null
+    from .params import check_int
+
+    n = check_int("n", n, 3, 9)
+    null = np.abs(np.round(rho_null(n, exact_max_n=9), 12))
+    for r in np.unique(null):
+        if np.mean(null >= r) <= level:
+            return float(r)
+    return float("nan")

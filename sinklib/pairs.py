@@ -333,10 +333,10 @@ def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text
 
     t = table.copy()
     t["cell"] = [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
-    t["condition"] = [_CONDITION_LABELS.get(c, c) for c in t.condition]
+    t["condition"] = [CONDITION_LABELS.get(c, c) for c in t.condition]
     t["metric"] = [SCORE_LABELS.get(m, m) for m in t.metric]
     wide = t.pivot_table(index=["model", "metric"], columns="condition", values="cell", aggfunc="first", sort=False)
-    wide = wide[[_CONDITION_LABELS.get(c, c) for c in conditions if _CONDITION_LABELS.get(c, c) in wide.columns]]
+    wide = wide[[CONDITION_LABELS.get(c, c) for c in conditions if CONDITION_LABELS.get(c, c) in wide.columns]]
     wide.columns.name = None
     return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
                         "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
@@ -414,7 +414,7 @@ SCORE_LABELS = {"instructions strict": "instr. strict", "instructions lenient": 
 SCORE_LEGEND = ("instr. = instruction following, strict or lenient format; math = arithmetic graded by the strict "
                 "or lenient parser; knowl. = knowledge multiple-choice accuracy; scores in %; ppl = perplexity; "
                 "VQA = held-out visual question accuracy (%)")
-_CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random",
+CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random",
                      "text_sentence": "text-only, sentences"}
 
 
@@ -424,7 +424,7 @@ def budget_table(budget_rows: Sequence[Mapping[str, Any]]):
 
     df = pd.DataFrame(budget_rows)
     quantities = [c for c in df.columns if c not in ("model", "condition", "stage")]
-    df["run"] = [f"{_CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
+    df["run"] = [f"{CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
     long = df.melt(id_vars=["model", "run"], value_vars=quantities, var_name="quantity")
     long["quantity"] = long["quantity"].str.replace("_", " ")
     wide = long.pivot_table(index=["model", "quantity"], columns="run", values="value", aggfunc="first", sort=False)

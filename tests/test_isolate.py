@@ -1,6 +1,7 @@
 """Controls that isolate one thing each: the decomposition of the VL loss into paired steps, and the random
 control at several sizes (sinklib.isolate)."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -117,3 +118,35 @@ def test_chapter4_checks_the_new_parameters():
         check("random_scales", [2, 0])
     with pytest.raises(ParameterError, match="format_control"):
         pairs.CHAPTER4_PARAMS["format_control"]("format_control", "yes please")
+
+
+def test_sink_text_rows_and_correlation():
+    def ev(seed, p, mass_last, S):
+        e = _ev(seed, p, p, 0.5)
+        e["mass"] = [[0.9, 0.9], [mass_last, mass_last]]  # two layers, two heads; K = 1 reads the last
+        e["S"] = S
+        return e
+    evs = {("m", "base"): ev(0, 0.6, 0.8, 1.0)}
+    for i, (p, mass) in enumerate([(0.55, 0.75), (0.4, 0.6), (0.2, 0.4), (0.6, 0.8)]):
+        evs[("m", f"c{i}")] = ev(10 + i, p, mass, 1.0 - i / 10)
+    rows = isolate.sink_text_rows(evs, last_k=1)
+    assert list(rows.condition) == ["c0", "c1", "c2", "c3"]
+    assert rows.loc[rows.condition == "c2", "sink mass change"].iloc[0] == pytest.approx(-0.4)
+    assert rows.loc[rows.condition == "c1", "S change"].iloc[0] == pytest.approx(-0.1)
+    corr = isolate.sink_text_correlation(rows).set_index("metric")
+    assert corr.loc["strict-format mean", "n"] == 4 and corr.loc["strict-format mean", "rho"] > 0.7
+    assert 0 < corr.loc["strict-format mean", "p"] <= 1
+    both = isolate.sink_text_correlation(pd.concat([rows, rows.assign(model="n")]))
+    assert set(both.model) == {"m", "n", "all models"} and both[both.model == "all models"].n.iloc[0] == 8
+    assert isolate.correlation_sentence(corr.reset_index()).startswith("m: strict-format mean rho +")
+    with pytest.raises(ParameterError, match="base"):
+        isolate.sink_text_rows({("m", "vl"): evs[("m", "c0")]}, last_k=1)
+
+
+def test_critical_rho_matches_the_exact_table():
+    # two-sided 5 % critical values of Spearman's rho (exact null): n = 8 -> 0.738, n = 6 -> 0.886
+    assert isolate.critical_rho(8) == pytest.approx(0.738, abs=1e-3)
+    assert isolate.critical_rho(6) == pytest.approx(0.886, abs=1e-3)
+    assert isolate.critical_rho(4) != isolate.critical_rho(4)  # n = 4 cannot reach 5 % two-sided: NaN
+    with pytest.raises(ParameterError, match="'n'"):
+        isolate.critical_rho(12)
