@@ -373,8 +373,35 @@ def _text_only(res):
         v = NOT_REPRODUCED if t.hi < 0 or tv.hi < 0 else direction(tv, +1)
         why = ("text-only itself lost strict format outside noise" if t.hi < 0 else
                "text-only minus VL excludes zero" if v != INCONCLUSIVE else "text-only minus VL within noise")
-        return f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt", v, why
+        return f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt{_format_step(doc, m)}", v, why
     return _ch4_claim(res, test)
+
+
+def _format_step(doc: dict, model: str) -> str:
+    """'; of which the one-word format ...' from chapter 4's decomposition (empty where it stored none)."""
+    rows = [r for r in doc["results"].get("decomposition") or [] if r["model"] == model
+            and r["metric"] == "strict-format mean"]
+    by = {r["step"]: Est(r["change"], r["lo"], r["hi"]) for r in rows}
+    if "one-word answer format" not in by or "fine-tuning as such" not in by:
+        return ""
+    return (f" (format-preserving control: fine-tuning as such {est(by['fine-tuning as such'])} pt, "
+            f"the one-word format {est(by['one-word answer format'])} pt)")
+
+
+def _random_sizes(doc: dict, model: str) -> str:
+    """'; random at up to Kx: ...' from chapter 4's random curve (empty where it stored none)."""
+    import pandas as pd
+
+    from .isolate import first_harm
+
+    curve = pd.DataFrame(doc["results"].get("random_curve") or [])
+    if curve.empty or model not in set(curve.model):
+        return ""
+    c = curve[curve.model == model]
+    k = first_harm(c).get(model)
+    sizes = "/".join(f"{x:g}x" for x in sorted(set(c.scale)))
+    return (f"; random at {sizes} the VL norm: strict-format below zero outside the noise "
+            + (f"from {k:g}x" if k is not None else "at no size"))
 
 
 @claim("6b", "A norm-matched random weight change hurts far more than the VL change", ("random_ifeval",), CH4,
@@ -383,7 +410,7 @@ def _random(res):
     def test(doc, m):
         r = delta(doc, m, "random", "vl", _strict())
         v = direction(r, -1)
-        return (f"random minus VL strict-format {est(r)} pt", v,
+        return (f"random minus VL strict-format {est(r)} pt{_random_sizes(doc, m)}", v,
                 "random minus VL excludes zero" if v != INCONCLUSIVE else "random minus VL within noise")
     return _ch4_claim(res, test)
 

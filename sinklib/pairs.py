@@ -33,7 +33,7 @@ from .errors import ParameterError, ResultsMissing
 from .models import Loaded
 from .evals import COUNT_PARAMS
 from .models import MODEL_PARAMS
-from .params import COMMON, boolean, check_choice, check_float, check_int, choice, integer, number, optional
+from .params import COMMON, boolean, check_choice, check_float, check_int, choice, integer, list_of, number, optional, text
 from .sink import prompt_count
 
 CONDITIONS = ("base", "vl", "text_only", "random")
@@ -320,18 +320,23 @@ def seed_summary(tables: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def interval_cell(change: float, lo: float, hi: float, p: float = float("nan")) -> str:
+    """'change [lo, hi] p=...' for display (p < 0.001 as '<0.001'; no p where it is NaN)."""
+    cell = f"{change:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+    return cell if p != p else f"{cell} p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
+
+
 def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
     """`paired_table` for display: per model, one row per metric and one column per condition holding
     'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""
     from .plots import tables
 
     t = table.copy()
-    t["cell"] = [f"{c:+.1f} [{lo:+.1f}, {hi:+.1f}] p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
-                 if p == p else f"{c:+.1f} [{lo:+.1f}, {hi:+.1f}]" for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
-    t["condition"] = [_CONDITION_LABELS.get(c, c) for c in t.condition]
+    t["cell"] = [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
+    t["condition"] = [CONDITION_LABELS.get(c, c) for c in t.condition]
     t["metric"] = [SCORE_LABELS.get(m, m) for m in t.metric]
     wide = t.pivot_table(index=["model", "metric"], columns="condition", values="cell", aggfunc="first", sort=False)
-    wide = wide[[_CONDITION_LABELS.get(c, c) for c in conditions if _CONDITION_LABELS.get(c, c) in wide.columns]]
+    wide = wide[[CONDITION_LABELS.get(c, c) for c in conditions if CONDITION_LABELS.get(c, c) in wide.columns]]
     wide.columns.name = None
     return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
                         "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
@@ -388,7 +393,9 @@ CHAPTER4_PARAMS = {
     "lr_lm": number(0.0, 1.0), "lr_projector_stage2": optional(number(0.0, 1.0)), "schedule": choice(vl.SCHEDULES),
     "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
     "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
-    **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
+    **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
+    "format_control": boolean(), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
+    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": optional(list_of(text())), **COMMON}
 
 
 def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
@@ -408,7 +415,8 @@ SCORE_LABELS = {"instructions strict": "instr. strict", "instructions lenient": 
 SCORE_LEGEND = ("instr. = instruction following, strict or lenient format; math = arithmetic graded by the strict "
                 "or lenient parser; knowl. = knowledge multiple-choice accuracy; scores in %; ppl = perplexity; "
                 "VQA = held-out visual question accuracy (%)")
-_CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random"}
+CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random",
+                     "text_sentence": "text-only, sentences"}
 
 
 def budget_table(budget_rows: Sequence[Mapping[str, Any]]):
@@ -417,7 +425,7 @@ def budget_table(budget_rows: Sequence[Mapping[str, Any]]):
 
     df = pd.DataFrame(budget_rows)
     quantities = [c for c in df.columns if c not in ("model", "condition", "stage")]
-    df["run"] = [f"{_CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
+    df["run"] = [f"{CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
     long = df.melt(id_vars=["model", "run"], value_vars=quantities, var_name="quantity")
     long["quantity"] = long["quantity"].str.replace("_", " ")
     wide = long.pivot_table(index=["model", "quantity"], columns="run", values="value", aggfunc="first", sort=False)

@@ -414,3 +414,22 @@ def test_chapter4_verdicts_are_paired_when_items_are_stored():
     assert both["random vs VL (strict format)"] == "within noise (interval contains zero)"  # identical items
     e = C.delta(doc, "m", "vl", "base", ("math strict",))
     assert e.v == pytest.approx(-40 / 3) and e.hi < 0 and e.lo >= -30
+
+
+def test_claims_6a_6b_carry_the_isolating_controls(monkeypatch):
+    doc = ch4({A: pair(vl=(40, 40, 70), text_only=(20, 20, 70)), B: pair()})
+    doc["results"]["decomposition"] = [
+        {"model": A, "step": s, "metric": "strict-format mean", "change": c, "lo": c - 3, "hi": c + 3}
+        for s, c in (("fine-tuning as such", -1.0), ("one-word answer format", -19.0), ("vision", 10.0))]
+    doc["results"]["random_curve"] = [
+        {"model": A, "scale": k, "metric": "strict-format mean", "change": c, "lo": c - 2, "hi": c + 2}
+        for k, c in ((1.0, 0.0), (4.0, -1.0), (8.0, -9.0))]
+    _fake(monkeypatch, {C4: doc})
+    a = claims.evaluate(BY_ID["6a"]).row.ours[0]
+    e = claims.est
+    assert (f"fine-tuning as such {e(claims.Est(-1.0, -4.0, 2.0))} pt, the one-word format "
+            f"{e(claims.Est(-19.0, -22.0, -16.0))} pt") in a
+    b = claims.evaluate(BY_ID["6b"]).row.ours[0]
+    assert "random at 1x/4x/8x the VL norm: strict-format below zero outside the noise from 8x" in b
+    assert "format-preserving" not in claims.evaluate(BY_ID["6a"]).row.ours[1]  # model B stored none
+    assert "random at" not in claims.evaluate(BY_ID["6b"]).row.ours[1]

@@ -98,11 +98,12 @@ def tensor_group(key: str) -> str:
     return "other"
 
 
-def relative_change_by_group(base_sd: Mapping[str, torch.Tensor], other_sd: Mapping[str, torch.Tensor]) -> list[dict]:
+def relative_change_by_group(base_sd: Mapping[str, torch.Tensor], other_sd: Mapping[str, torch.Tensor], *,
+                             whole: bool = False) -> list[dict]:
     """How large a weight change is against the weights, per tensor group: rows {group, tensors, parameters,
     'relative change' = ||other - base||_F / ||base||_F over the group's tensors together, 'largest tensor' =
     the largest per-tensor ratio}. Tied tensors (one storage, two keys) count once; non-float tensors are
-    skipped."""
+    skipped. `whole=True`: one row, group 'whole model', over every tensor together."""
     _check_pair(base_sd, other_sd, "other_sd")
     acc: dict[str, dict] = {}
     seen: set = set()
@@ -122,6 +123,12 @@ def relative_change_by_group(base_sd: Mapping[str, torch.Tensor], other_sd: Mapp
         g["w2"] += w2
         g["max"] = max(g["max"], (d2 / w2) ** 0.5 if w2 > 0 else float("inf") if d2 > 0 else 0.0)
     order = [n for n, _ in TENSOR_GROUPS] + ["other"]
+    if whole:
+        d2, w2 = sum(g["d2"] for g in acc.values()), sum(g["w2"] for g in acc.values())
+        return [{"group": "whole model", "tensors": sum(g["tensors"] for g in acc.values()),
+                 "parameters": sum(g["parameters"] for g in acc.values()),
+                 "relative change": (d2 / w2) ** 0.5 if w2 > 0 else float("nan"),
+                 "largest tensor": max((g["max"] for g in acc.values()), default=0.0)}]
     return [{"group": n, "tensors": acc[n]["tensors"], "parameters": acc[n]["parameters"],
              "relative change": (acc[n]["d2"] / acc[n]["w2"]) ** 0.5 if acc[n]["w2"] > 0 else float("nan"),
              "largest tensor": acc[n]["max"]} for n in order if n in acc]

@@ -1,0 +1,256 @@
+"""Controls that isolate one thing each (chapter 4): the text loss split into steps, and random changes of
+several sizes.
+
+The loss of a VL model splits, item by item, into three paired steps between conditions trained on the same
+items for the same number of steps (`STEPS`):
+
+    fine-tuning as such      base -> text_sentence  the task's content as text, answers as full sentences
+    one-word answer format   text_sentence -> text_only   the same content, answers cut to one word
+    vision                   text_only -> vl        the scene as an image instead of words
+
+Every score is a mean over the same items, so the three steps add up to VL minus base exactly (a telescoping
+sum; the test checks it). Each step has its own paired interval.
+
+The random control at several sizes: `scaled_name(k)` is the condition holding base + k x (the norm-matched
+random change), `evaluate_random_scaled` evaluates them one at a time, `random_curve` reads their paired
+changes from the base, and `first_harm` says at which size, if any, a score falls outside the noise.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import ParameterError
+from .params import check_float
+
+#: the steps of the decomposition: (label, from condition, to condition)
+STEPS: tuple[tuple[str, str, str], ...] = (
+    ("fine-tuning as such", "base", "text_sentence"),
+    ("one-word answer format", "text_sentence", "text_only"),
+    ("vision", "text_only", "vl"),
+)
+TOTAL = "all three (VL - base)"
+#: the rows a decomposition or random curve reports, in order
+METRICS: tuple[str, ...] = ("strict-format mean", "instructions strict", "math strict", "math lenient",
+                            "knowledge acc", "perplexity ppl")
+
+
+def _pair_rows(evaluations: Mapping[tuple[str, str], dict], model: str, ref: str, other: str, seed: int) -> pd.DataFrame:
+    from .pairs import paired_table
+
+    sub = {(model, ref): evaluations[(model, ref)], (model, other): evaluations[(model, other)]}
+    t = paired_table(sub, conditions=(other,), ref=ref, seed=seed)
+    return t[t.metric.isin(METRICS)]
+
+
+def decomposition(evaluations: Mapping[tuple[str, str], dict], *, seed: int = 0) -> pd.DataFrame:
+    """Each model's change from base to VL in the three `STEPS` and in total, paired on the same items.
+
+    evaluations: {(model, condition): `pairs.evaluate_condition(...)`} holding base, text_sentence, text_only
+    and vl of every model it is asked about (models without a text_sentence evaluation are skipped). Rows:
+    model, step, from, to, metric, change, lo, hi, p (as `pairs.paired_table`)."""
+    models = [m for m in dict.fromkeys(m for m, _ in evaluations) if (m, "text_sentence") in evaluations]
+    if not models:
+        raise ParameterError("decomposition needs a 'text_sentence' evaluation (the format-preserving control): "
+                             "build the pair with `pairs.build_pair(..., extra=('text_sentence',))` and evaluate it")
+    rows = []
+    for m in models:
+        missing = [c for c in ("base", "text_sentence", "text_only", "vl") if (m, c) not in evaluations]
+        if missing:
+            raise ParameterError(f"decomposition of {m} needs evaluations of {missing} as well")
+        for label, a, b in STEPS + ((TOTAL, "base", "vl"),):
+            t = _pair_rows(evaluations, m, a, b, seed).assign(step=label)
+            t["from"], t["to"] = a, b
+            rows.append(t)
+    out = pd.concat(rows, ignore_index=True)
+    return out[["model", "step", "from", "to", "metric", "change", "lo", "hi", "p"]]
+
+
+def step_sentence(table: pd.DataFrame, metric: str = "strict-format mean") -> str:
+    """One clause per model: each step's change of `metric` with its interval, and which steps lie outside the
+    noise (interval excluding zero), from a `decomposition` table."""
+    parts = []
+    for m, g in table[table.metric == metric].groupby("model", sort=False):
+        g = g.set_index("step")
+        cells = [f"{s} {g.loc[s, 'change']:+.1f} [{g.loc[s, 'lo']:+.1f}, {g.loc[s, 'hi']:+.1f}]"
+                 for s in [s for s, _, _ in STEPS] + [TOTAL]]
+        out = [s for s, _, _ in STEPS if g.loc[s, "hi"] < 0 or g.loc[s, "lo"] > 0]
+        parts.append(f"{m}: " + "; ".join(cells) + " (outside the noise: " + (", ".join(out) or "no step") + ")")
+    return ". ".join(parts)
+
+
+def display(table: pd.DataFrame, column: str = "step", order: Sequence[str] | None = None, caption: str = ""):
+    """A `decomposition` or `random_curve` table for display: per model, one row per metric and one column per
+    step (or size) holding 'change [lo, hi]' and the p-value."""
+    from .pairs import SCORE_LABELS, SCORE_LEGEND, interval_cell
+    from .plots import tables
+
+    t = table.copy()
+    t["cell"] = [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
+    t["metric"] = [SCORE_LABELS.get(m, m) for m in t.metric]
+    wide = t.pivot_table(index=["model", "metric"], columns=column, values="cell", aggfunc="first", sort=False)
+    cols = list(order) if order is not None else list(dict.fromkeys(t[column]))
+    wide = wide[[c for c in cols if c in wide.columns]]
+    wide.columns.name = None
+    return tables(wide, caption + " " + SCORE_LEGEND)
+
+
+# ---------------------------------------------------------------------------------------
+# the random control at several sizes
+
+def scaled_name(scale: float) -> str:
+    """The condition name of the random control at `scale` times the VL change's norm ('random' at 1)."""
+    scale = check_float("scale", scale, 0.0, 1000.0)
+    if scale <= 0:
+        raise ParameterError(f"parameter 'scale' got {scale!r}; a random control needs a size above 0")
+    return "random" if scale == 1 else f"random x{scale:g}"
+
+
+def evaluate_random_scaled(lm: Any, pair: Any, scales: Sequence[float], **evaluate_kwargs: Any) -> dict[float, dict]:
+    """The random control at each size in `scales`, evaluated by `pairs.evaluate_condition` (cached under the
+    condition name `scaled_name(k)`): {k: evaluation}. Each scaled state, base + k x (random - base), exists only
+    while it is evaluated (a model's weights per size would not fit a laptop's memory four times over); k = 1 is
+    the pair's own random control."""
+    from .pairs import evaluate_condition
+    from .vl import scaled_change
+
+    out = {}
+    for k in scales:
+        name = scaled_name(k)
+        made = name not in pair.states
+        if made:
+            pair.states[name] = scaled_change(pair.states["base"], pair.states["random"], float(k))
+        try:
+            out[float(k)] = evaluate_condition(lm, pair, name, **evaluate_kwargs)
+        finally:
+            if made:
+                del pair.states[name]
+    return out
+
+
+def random_curve(evaluations: Mapping[tuple[str, str], dict], scales: Sequence[float], *, seed: int = 0,
+                 vl_change: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Paired changes from base of the random control at each size: rows model, scale, condition, metric,
+    change, lo, hi, p, and 'relative change' (||dW||_F / ||W||_F of the whole model: k x the VL change's, from
+    `vl_change` {model: VL's whole-model ratio} where given). Sizes not evaluated for a model are skipped."""
+    rows = []
+    for m in dict.fromkeys(m for m, _ in evaluations):
+        for k in sorted(float(s) for s in scales):
+            name = scaled_name(k)
+            if (m, name) not in evaluations:
+                continue
+            t = _pair_rows(evaluations, m, "base", name, seed).assign(scale=k)
+            t["relative change"] = k * vl_change[m] if vl_change and m in vl_change else np.nan
+            rows.append(t)
+    if not rows:
+        raise ParameterError(f"random_curve found no evaluation of {[scaled_name(s) for s in scales]}: evaluate "
+                             "them first (`add_scaled_random`, then `pairs.evaluate_condition`)")
+    out = pd.concat(rows, ignore_index=True)
+    return out[["model", "scale", "condition", "relative change", "metric", "change", "lo", "hi", "p"]]
+
+
+def first_harm(curve: pd.DataFrame, metric: str = "strict-format mean") -> dict[str, float | None]:
+    """{model: the smallest size whose paired interval of `metric` lies wholly below zero (None: no size)}; for
+    perplexity, 'harm' is a rise (interval wholly above zero)."""
+    out: dict[str, float | None] = {}
+    for m, g in curve[curve.metric == metric].groupby("model", sort=False):
+        g = g.sort_values("scale")
+        hurt = g[g.lo > 0] if metric.startswith("perplexity") else g[g.hi < 0]
+        out[m] = float(hurt.scale.iloc[0]) if len(hurt) else None
+    return out
+
+
+def harm_sentence(curve: pd.DataFrame, metrics: Sequence[str] = ("strict-format mean", "knowledge acc",
+                                                                 "perplexity ppl")) -> str:
+    """Per model: the sizes tried and, per metric, the smallest size that hurts outside the noise."""
+    parts = []
+    for m, g in curve.groupby("model", sort=False):
+        sizes = ", ".join(f"{k:g}x" for k in sorted(set(g.scale)))
+        found = []
+        for metric in metrics:
+            k = first_harm(g, metric).get(m)
+            label = metric.replace(" acc", "").replace(" ppl", " (a rise)")
+            found.append(f"{label}: {'from ' + format(k, 'g') + 'x' if k is not None else 'at no size'}")
+        parts.append(f"{m} (sizes {sizes}): " + "; ".join(found))
+    return ". ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# does the sink move with the format? (across every adapted condition of a model)
+
+def sink_text_rows(evaluations: Mapping[tuple[str, str], dict], last_k: Mapping[str, int] | int,
+                   metrics: Sequence[str] = ("strict-format mean", "knowledge acc")) -> pd.DataFrame:
+    """One row per (model, adapted condition): the change from base of the sink mass of the last K layers (mean
+    over their heads of the attention mass on the first token), of S, and of each metric (points, from the
+    per-item outcomes; 'strict-format mean' as `pairs.STRICT_METRICS`). `last_k`: K, or {model: K}."""
+    from .evals.paired import score
+    from .pairs import STRICT_METRICS
+
+    def value(out: Mapping[str, Any], metric: str) -> float:
+        if metric == "strict-format mean":
+            return float(np.mean([score(out, m) for m in STRICT_METRICS if m in out]))
+        return score(out, metric)
+
+    rows = []
+    for (m, cond), ev in evaluations.items():
+        if cond == "base" or (m, "base") not in evaluations:
+            continue
+        base = evaluations[(m, "base")]
+        k = int(last_k[m] if isinstance(last_k, Mapping) else last_k)
+        mass = float(np.mean(np.asarray(ev["mass"])[-k:])) - float(np.mean(np.asarray(base["mass"])[-k:]))
+        row = {"model": m, "condition": cond, "sink mass change": mass, "S change": ev["S"] - base["S"]}
+        row.update({f"{metric} change": value(ev["outcomes"], metric) - value(base["outcomes"], metric)
+                    for metric in metrics})
+        rows.append(row)
+    if not rows:
+        raise ParameterError("sink_text_rows found no adapted condition beside a base evaluation")
+    return pd.DataFrame(rows)
+
+
+def sink_text_correlation(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-format mean", "knowledge acc"),
+                          x: str = "sink mass change") -> pd.DataFrame:
+    """Spearman rho between `x` and each metric's change across the adapted conditions, per model and over all
+    models together, with a two-sided permutation p-value (exact up to 8 conditions, `panel.spearman_permutation`).
+    Rows: model ('all models' for the pooled one), metric, n, rho, p."""
+    from .panel import spearman_permutation
+
+    out = []
+    groups = [(m, g) for m, g in rows.groupby("model", sort=False)]
+    if len(groups) > 1:
+        groups.append(("all models", rows))
+    for m, g in groups:
+        for metric in metrics:
+            xs, ys = g[x].to_numpy(float), g[f"{metric} change"].to_numpy(float)
+            if len(g) < 3 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
+                out.append({"model": m, "metric": metric, "n": len(g), "rho": np.nan, "p": np.nan})
+                continue
+            r = spearman_permutation(xs, ys, exact_max_n=8)
+            out.append({"model": m, "metric": metric, "n": len(g), "rho": r.rho, "p": r.p_value})
+    return pd.DataFrame(out)
+
+
+def correlation_sentence(corr: pd.DataFrame) -> str:
+    """'model: strict-format mean rho +0.50 (p 0.27, n 8), knowledge rho ... ' for each row group."""
+    parts = []
+    for m, g in corr.groupby("model", sort=False):
+        cells = [f"{r.metric.replace(' acc', '')} rho {r.rho:+.2f} (p {r.p:.2f}, n {r.n})" if r.rho == r.rho
+                 else f"{r.metric.replace(' acc', '')}: no rho (a side is constant or n < 3)" for r in g.itertuples()]
+        parts.append(f"{m}: " + ", ".join(cells))
+    return "; ".join(parts)
+
+
+def critical_rho(n: int, level: float = 0.05) -> float:
+    """The smallest |rho| whose two-sided exact permutation p-value is at most `level` for n untied conditions
+    (n <= 9; the bar a correlation across n conditions must clear)."""
+    from .panel import rho_null
+    from .params import check_int
+
+    n = check_int("n", n, 3, 9)
+    null = np.abs(np.round(rho_null(n, exact_max_n=9), 12))
+    for r in np.unique(null):
+        if np.mean(null >= r) <= level:
+            return float(r)
+    return float("nan")

@@ -1,0 +1,101 @@
+"""Dose-response along training: snapshots of a rerun of the pair's training (sinklib.dose)."""
+import pandas as pd
+import pytest
+import torch
+
+from sinklib import cache as sk_cache
+from sinklib import dose, pairs, vl
+from sinklib.errors import ParameterError
+from sinklib.models import tiny_model
+from tests.test_vl import TOK
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _params():
+    return pairs.pair_params("tiny-llama", seed=1, stage1_steps=2, stage2_steps=3, batch_size=2, weights="random")
+
+
+def _lm():
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    return lm
+
+
+def test_series_reproduces_the_pair_and_is_cached(cache):
+    lm = _lm()
+    base = vl.clone_state_dict(lm.model)
+    pair = pairs.build_pair(lm, _params(), progress=False)
+    for kind in dose.KINDS:
+        dirs = dose.train_series(lm, _params(), kind, [3, 1])
+        assert sorted(dirs) == [1, 3] and all(sk_cache.checkpoint_exists(d) for d in dirs.values())
+        for k, v in base.items():  # the model holds the base weights again
+            assert torch.equal(lm.model.state_dict()[k], v)
+        # the last snapshot is the pair's own condition: same recipe, seed and data order
+        assert dose.final_matches(lm, _params(), kind, pair.states[kind]) == 0.0
+        mtime = {s: (d / "meta.json").stat().st_mtime_ns for s, d in dirs.items()}
+        again = dose.train_series(lm, _params(), kind, [1, 3])  # cached: nothing retrained
+        assert {s: (d / "meta.json").stat().st_mtime_ns for s, d in again.items()} == mtime
+    early = sk_cache.load_checkpoint(dose.snapshot_dir(_params(), "vl", 1), lm.model)
+    assert early.projector is not None
+    k = "model.layers.0.self_attn.q_proj.weight"
+    step1 = lm.model.state_dict()[k].clone()
+    assert not torch.equal(step1, base[k]) and not torch.equal(step1, pair.states["vl"][k])
+
+
+def test_steps_are_checked():
+    with pytest.raises(ParameterError, match=r"steps\[1\]"):
+        dose.check_steps(_params(), [1, 4])
+    with pytest.raises(ParameterError, match="empty"):
+        dose.check_steps(_params(), [])
+    assert dose.check_steps(_params(), [3, 1, 3]) == [1, 3]
+    assert dose.snapshot_name("vl", 15) == "vl step 15"
+    with pytest.raises(ParameterError, match="kind"):
+        dose.snapshot_name("random", 1)
+
+
+def test_evaluate_series_uses_each_snapshot_and_its_projector(cache, monkeypatch):
+    lm = _lm()
+    pair = pairs.build_pair(lm, _params(), progress=False)
+    dose.train_series(lm, _params(), "vl", [1, 2])
+    seen = []
+
+    def fake(lm_, p, condition, **kw):
+        seen.append((condition, p.params, p.states[condition]["model.layers.0.self_attn.q_proj.weight"].clone(),
+                     p.projector is not None, kw))
+        return {"S": 0.0}
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    out = dose.evaluate_series(lm, pair, "vl", [2, 1], eval_n={"math": 2})
+    assert sorted(out) == [1, 2] and [c for c, *_ in seen] == ["vl step 1", "vl step 2"]
+    assert all(p == pair.params and proj and kw == {"eval_n": {"math": 2}} for _, p, _, proj, kw in seen)
+    assert not torch.equal(seen[0][2], seen[1][2])
+    k = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(lm.model.state_dict()[k], pair.states["base"][k])
+    with pytest.raises(ParameterError, match="train_series"):
+        dose.evaluate_series(lm, pair, "text_only", [1])
+
+
+def test_series_table_parses_kind_and_step():
+    rows = pd.DataFrame({"model": ["m"] * 3, "condition": ["vl step 15", "text_only step 30", "random"]})
+    t = dose.series_table(rows)
+    assert list(t.kind) == ["vl", "text_only", "random"] and list(t.step)[:2] == [15, 30]
+    assert t.step.iloc[2] is None or t.step.iloc[2] != t.step.iloc[2]
+
+
+def test_dose_table_puts_the_pair_at_the_last_step():
+    from tests.test_isolate import _ev
+
+    def ev(seed, p, mass):
+        e = _ev(seed, p, p, 0.5)
+        e["mass"], e["S"] = [[mass, mass]], mass
+        return e
+    evs = {("m", "base"): ev(0, 0.6, 0.8), ("m", "vl"): ev(1, 0.3, 0.5), ("m", "text_only"): ev(2, 0.4, 0.6),
+           ("m", "vl step 2"): ev(3, 0.5, 0.7), ("m", "text_only step 2"): ev(4, 0.5, 0.75),
+           ("m", "random"): ev(5, 0.6, 0.8), ("m", "vl step 1"): ev(6, 0.6, 0.8)}  # step 1 not asked for
+    t = dose.dose_table(evs, [2], stage2_steps=3, last_k=1)
+    assert list(zip(t.kind, t.step)) == [("text_only", 2), ("text_only", 3), ("vl", 2), ("vl", 3)]
+    assert t.loc[(t.kind == "vl") & (t.step == 3), "sink mass change"].iloc[0] == pytest.approx(-0.3)

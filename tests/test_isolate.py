@@ -1,0 +1,150 @@
+"""Controls that isolate one thing each: the decomposition of the VL loss into paired steps, and the random
+control at several sizes (sinklib.isolate)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sinklib import isolate, vl
+from sinklib.errors import ParameterError
+from sinklib.evals.paired import pack
+
+
+def _ev(seed, p_instr, p_math, p_know, nll_shift=0.0, n=60):
+    rng = np.random.default_rng(seed)
+    return {"outcomes": pack({"instructions strict": list(rng.random(n) < p_instr),
+                              "math strict": list(rng.random(n) < p_math),
+                              "math lenient": list(rng.random(n) < min(1.0, p_math + 0.2)),
+                              "knowledge acc": list(rng.random(n) < p_know),
+                              "perplexity": {"nll": list(2.0 + nll_shift + rng.random(6)), "n_tokens": [3] * 6}})}
+
+
+@pytest.fixture()
+def evaluations():
+    return {("m", "base"): _ev(0, 0.6, 0.6, 0.5), ("m", "text_sentence"): _ev(1, 0.55, 0.55, 0.5),
+            ("m", "text_only"): _ev(2, 0.3, 0.1, 0.5, 0.3), ("m", "vl"): _ev(3, 0.5, 0.5, 0.45, 0.1),
+            ("other", "base"): _ev(4, 0.5, 0.5, 0.5)}  # a model without the control is skipped
+
+
+def test_steps_add_up_to_vl_minus_base(evaluations):
+    t = isolate.decomposition(evaluations, seed=0)
+    assert set(t.model) == {"m"}
+    assert list(dict.fromkeys(t.step)) == [s for s, _, _ in isolate.STEPS] + [isolate.TOTAL]
+    for metric, g in t.groupby("metric"):
+        g = g.set_index("step")
+        steps = sum(g.loc[s, "change"] for s, _, _ in isolate.STEPS)
+        assert steps == pytest.approx(g.loc[isolate.TOTAL, "change"], abs=1e-9), metric
+        assert (g.lo <= g.change + 1e-9).all() and (g.change <= g.hi + 1e-9).all()
+    fmt = t[(t.metric == "math strict") & (t.step == "one-word answer format")].iloc[0]
+    assert fmt["from"] == "text_sentence" and fmt["to"] == "text_only" and fmt.change < -20 and fmt.hi < 0
+    s = isolate.step_sentence(t)
+    assert s.startswith("m: fine-tuning as such ") and "outside the noise: " in s and "one-word answer format" in s
+
+
+def test_decomposition_needs_the_control(evaluations):
+    with pytest.raises(ParameterError, match="text_sentence"):
+        isolate.decomposition({k: v for k, v in evaluations.items() if k[1] != "text_sentence"})
+    with pytest.raises(ParameterError, match="text_only"):
+        isolate.decomposition({k: v for k, v in evaluations.items() if k[1] != "text_only"})
+
+
+def test_display_is_one_column_per_step(evaluations):
+    shown = isolate.display(isolate.decomposition(evaluations), order=[s for s, _, _ in isolate.STEPS])
+    frame = shown[0].frame if len(shown) == 1 else None
+    assert frame is not None and list(frame.columns) == [s for s, _, _ in isolate.STEPS]
+    assert frame.loc[("m", "math strict"), "one-word answer format"].startswith("-")
+
+
+def test_scaled_names_and_states():
+    assert isolate.scaled_name(1) == "random" and isolate.scaled_name(0.5) == "random x0.5"
+    assert isolate.scaled_name(8.0) == "random x8"
+    with pytest.raises(ParameterError, match="scale"):
+        isolate.scaled_name(0)
+
+
+
+def test_evaluate_random_scaled_holds_one_state_at_a_time(monkeypatch):
+    from sinklib import pairs
+
+    class P:
+        states = {"base": {"w": torch.zeros(2, 2)}, "random": {"w": torch.ones(2, 2)}}
+    seen = []
+
+    def fake(lm, pair, condition, **kw):
+        seen.append((condition, float(pair.states[condition]["w"][0, 0]), sorted(pair.states), kw))
+        return {"condition": condition}
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    out = isolate.evaluate_random_scaled(None, P, [4, 1, 0.5], eval_n={"math": 3})
+    assert out == {4.0: {"condition": "random x4"}, 1.0: {"condition": "random"}, 0.5: {"condition": "random x0.5"}}
+    assert [(c, w) for c, w, _, _ in seen] == [("random x4", 4.0), ("random", 1.0), ("random x0.5", 0.5)]
+    assert seen[0][2] == ["base", "random", "random x4"] and seen[0][3] == {"eval_n": {"math": 3}}
+    assert sorted(P.states) == ["base", "random"]  # the scaled states are dropped again
+
+
+def test_random_curve_and_first_harm():
+    evs = {("m", "base"): _ev(0, 0.6, 0.6, 0.6), ("m", "random"): _ev(0, 0.6, 0.6, 0.6),
+           ("m", "random x4"): _ev(5, 0.6, 0.55, 0.6), ("m", "random x8"): _ev(6, 0.1, 0.1, 0.2, 2.0)}
+    curve = isolate.random_curve(evs, [8, 1, 4, 2], vl_change={"m": 1e-3})  # x2 not evaluated: skipped
+    assert sorted(set(curve.scale)) == [1.0, 4.0, 8.0]
+    assert curve[curve.scale == 8].iloc[0]["relative change"] == pytest.approx(8e-3)
+    same = curve[(curve.scale == 1) & (curve.metric == "strict-format mean")].iloc[0]
+    assert same.change == 0 and same.lo == 0 and same.hi == 0  # identical outcomes: no change
+    assert isolate.first_harm(curve) == {"m": 8.0}
+    assert isolate.first_harm(curve, "perplexity ppl") == {"m": 8.0}
+    s = isolate.harm_sentence(curve)
+    assert s.startswith("m (sizes 1x, 4x, 8x): strict-format mean: from 8x") and "perplexity (a rise): from 8x" in s
+    with pytest.raises(ParameterError, match="no evaluation"):
+        isolate.random_curve(evs, [16])
+
+
+def test_whole_model_relative_change_counts_tied_tensors_once():
+    w = torch.ones(2, 2)
+    base = {"embed.weight": w, "lm_head.weight": w, "mlp.weight": torch.ones(2)}
+    other = {"embed.weight": w * 2, "lm_head.weight": w * 2, "mlp.weight": torch.ones(2)}
+    other["lm_head.weight"] = other["embed.weight"]
+    (row,) = vl.relative_change_by_group(base, other, whole=True)
+    assert row["group"] == "whole model" and row["tensors"] == 2
+    assert row["relative change"] == pytest.approx((4 / 6) ** 0.5)
+
+
+def test_chapter4_checks_the_new_parameters():
+    from sinklib import pairs
+
+    check = pairs.CHAPTER4_PARAMS["random_scales"]
+    assert check("random_scales", [0.5, 2]) == [0.5, 2.0] and check("random_scales", []) == []
+    with pytest.raises(ParameterError, match=r"random_scales\[1\]"):
+        check("random_scales", [2, 0])
+    with pytest.raises(ParameterError, match="format_control"):
+        pairs.CHAPTER4_PARAMS["format_control"]("format_control", "yes please")
+
+
+def test_sink_text_rows_and_correlation():
+    def ev(seed, p, mass_last, S):
+        e = _ev(seed, p, p, 0.5)
+        e["mass"] = [[0.9, 0.9], [mass_last, mass_last]]  # two layers, two heads; K = 1 reads the last
+        e["S"] = S
+        return e
+    evs = {("m", "base"): ev(0, 0.6, 0.8, 1.0)}
+    for i, (p, mass) in enumerate([(0.55, 0.75), (0.4, 0.6), (0.2, 0.4), (0.6, 0.8)]):
+        evs[("m", f"c{i}")] = ev(10 + i, p, mass, 1.0 - i / 10)
+    rows = isolate.sink_text_rows(evs, last_k=1)
+    assert list(rows.condition) == ["c0", "c1", "c2", "c3"]
+    assert rows.loc[rows.condition == "c2", "sink mass change"].iloc[0] == pytest.approx(-0.4)
+    assert rows.loc[rows.condition == "c1", "S change"].iloc[0] == pytest.approx(-0.1)
+    corr = isolate.sink_text_correlation(rows).set_index("metric")
+    assert corr.loc["strict-format mean", "n"] == 4 and corr.loc["strict-format mean", "rho"] > 0.7
+    assert 0 < corr.loc["strict-format mean", "p"] <= 1
+    both = isolate.sink_text_correlation(pd.concat([rows, rows.assign(model="n")]))
+    assert set(both.model) == {"m", "n", "all models"} and both[both.model == "all models"].n.iloc[0] == 8
+    assert isolate.correlation_sentence(corr.reset_index()).startswith("m: strict-format mean rho +")
+    with pytest.raises(ParameterError, match="base"):
+        isolate.sink_text_rows({("m", "vl"): evs[("m", "c0")]}, last_k=1)
+
+
+def test_critical_rho_matches_the_exact_table():
+    # two-sided 5 % critical values of Spearman's rho (exact null): n = 8 -> 0.738, n = 6 -> 0.886
+    assert isolate.critical_rho(8) == pytest.approx(0.738, abs=1e-3)
+    assert isolate.critical_rho(6) == pytest.approx(0.886, abs=1e-3)
+    assert isolate.critical_rho(4) != isolate.critical_rho(4)  # n = 4 cannot reach 5 % two-sided: NaN
+    with pytest.raises(ParameterError, match="'n'"):
+        isolate.critical_rho(12)
