@@ -394,7 +394,7 @@ CHAPTER4_PARAMS = {
     "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
     "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
     **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
-    "format_control": boolean(), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
+    "format_models": optional(list_of(text(), min_len=0)), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
     "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": optional(list_of(text())), **COMMON}
 
 

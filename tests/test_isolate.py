@@ -114,8 +114,10 @@ def test_chapter4_checks_the_new_parameters():
     assert check("random_scales", [0.5, 2]) == [0.5, 2.0] and check("random_scales", []) == []
     with pytest.raises(ParameterError, match=r"random_scales\[1\]"):
         check("random_scales", [2, 0])
-    with pytest.raises(ParameterError, match="format_control"):
-        pairs.CHAPTER4_PARAMS["format_control"]("format_control", "yes please")
+    fm = pairs.CHAPTER4_PARAMS["format_models"]
+    assert fm("format_models", None) is None and fm("format_models", []) == [] and fm("format_models", "a") == ["a"]
+    with pytest.raises(ParameterError, match=r"format_models\[0\]"):
+        fm("format_models", [""])
 
 
 def test_sink_text_rows_and_correlation():
