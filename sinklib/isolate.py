@@ -254,3 +254,28 @@ def critical_rho(n: int, level: float = 0.05) -> float:
         if np.mean(null >= r) <= level:
             return float(r)
     return float("nan")
+
+
+def step_reading(table: pd.DataFrame) -> str:
+    """Each step of a `decomposition` in words, per model: whether it lowers or raises the strict-format mean and
+    the lenient math score outside the noise (paired interval excluding zero) or leaves them within it."""
+    from .pairs import interval_cell
+
+    def move(r: pd.Series, moves: tuple[str, str, str]) -> str:
+        cell = interval_cell(r.change, r.lo, r.hi)
+        return f"{moves[0] if r.hi < 0 else moves[1] if r.lo > 0 else moves[2]} ({cell})"
+
+    parts = []
+    for m, g in table.groupby("model", sort=False):
+        g = g.set_index(["step", "metric"])
+        steps = []
+        for label, _, _ in STEPS:
+            text = f"{label} " + move(g.loc[(label, "strict-format mean")],
+                                      ("lowers the strict-format mean", "raises the strict-format mean",
+                                       "leaves the strict-format mean within the noise"))
+            if (label, "math lenient") in g.index:
+                text += ", and the lenient math score " + move(g.loc[(label, "math lenient")],
+                                                                ("falls", "rises", "stays within the noise"))
+            steps.append(text)
+        parts.append(f"{m}: " + "; ".join(steps))
+    return ". ".join(parts)

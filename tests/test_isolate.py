@@ -150,3 +150,12 @@ def test_critical_rho_matches_the_exact_table():
     assert isolate.critical_rho(4) != isolate.critical_rho(4)  # n = 4 cannot reach 5 % two-sided: NaN
     with pytest.raises(ParameterError, match="'n'"):
         isolate.critical_rho(12)
+
+
+def test_step_reading_says_which_way_each_step_moves(evaluations):
+    t = isolate.decomposition(evaluations, seed=0)
+    s = isolate.step_reading(t)
+    assert s.startswith("m: fine-tuning as such ")
+    fmt = t[(t.step == "one-word answer format") & (t.metric == "strict-format mean")].iloc[0]
+    assert fmt.hi < 0 and "one-word answer format lowers the strict-format mean (" in s
+    assert s.count(", and the lenient math score ") == 3
