@@ -7,13 +7,8 @@ from sinklib import cache as sk_cache
 from sinklib import dose, pairs, vl
 from sinklib.errors import ParameterError
 from sinklib.models import tiny_model
+from tests.test_pairs import cache  # noqa: F401 (the fixture: an empty cache folder)
 from tests.test_vl import TOK
-
-
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
-    return tmp_path
 
 
 def _params():
