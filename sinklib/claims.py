@@ -398,6 +398,8 @@ def _random_sizes(doc: dict, model: str) -> str:
     if curve.empty or model not in set(curve.model):
         return ""
     c = curve[curve.model == model]
+    if set(c.scale) <= {1.0}:  # the norm-matched control alone: the row already says it
+        return ""
     k = first_harm(c).get(model)
     sizes = "/".join(f"{x:g}x" for x in sorted(set(c.scale)))
     return (f"; random at {sizes} the VL norm: strict-format below zero outside the noise "

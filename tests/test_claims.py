@@ -433,3 +433,5 @@ def test_claims_6a_6b_carry_the_isolating_controls(monkeypatch):
     assert "random at 1x/4x/8x the VL norm: strict-format below zero outside the noise from 8x" in b
     assert "format-preserving" not in claims.evaluate(BY_ID["6a"]).row.ours[1]  # model B stored none
     assert "random at" not in claims.evaluate(BY_ID["6b"]).row.ours[1]
+    doc["results"]["random_curve"] = [r for r in doc["results"]["random_curve"] if r["scale"] == 1.0]
+    assert "random at" not in claims.evaluate(BY_ID["6b"]).row.ours[0]  # 1x alone adds nothing to the row
