@@ -144,3 +144,52 @@ def dose_table(evaluations: Mapping[tuple[str, str], dict], steps: Sequence[int]
             sub[(m, snapshot_name(c, stage2_steps))] = ev
     rows = series_table(sink_text_rows(sub, last_k))
     return rows.sort_values(["model", "kind", "step"], kind="stable").reset_index(drop=True)
+
+
+def run(lm_by: Mapping[str, Any], built: Mapping[str, Any], steps: Sequence[int], evaluations: dict, *,
+        progress: bool = False, vqa_n: int = 0, **evaluate_kwargs: Any) -> dict[str, float]:
+    """Chapter 4's dose-response for every model of `lm_by`: train (or load) each kind's series up to the pair's
+    last stage-2 step, compare its last snapshot with the cached pair, evaluate the snapshots at `steps` (VQA only
+    for VL) into `evaluations` under `snapshot_name`; returns {'<model> <kind label>': largest weight difference}.
+    `evaluate_kwargs` go to `pairs.evaluate_condition` (without `sink_kwargs`: set per model here)."""
+    from .pairs import CONDITION_LABELS, sink_settings
+
+    last_k, max_tokens = evaluate_kwargs.pop("last_k_layers"), evaluate_kwargs.pop("max_tokens")
+    gaps = {}
+    for name, lm in lm_by.items():
+        b = built[name]
+        for kind in KINDS:
+            train_series(lm, b.params, kind, [*steps, b.params["stage2_steps"]], progress=progress)
+            gaps[f"{name} {CONDITION_LABELS[kind]}"] = final_matches(lm, b.params, kind, b.states[kind])
+            for s, ev in evaluate_series(lm, b, kind, steps, sink_kwargs=sink_settings(lm.model, last_k, max_tokens),
+                                         vqa_n=vqa_n if kind == "vl" else 0, **evaluate_kwargs).items():
+                evaluations[(name, snapshot_name(kind, s))] = ev
+    return gaps
+
+
+def plot(rows: pd.DataFrame):
+    """Figure 4.8: per model, the strict-format and knowledge changes (top) and the last-K sink mass change
+    (bottom) against the stage-2 step, VL solid and text-only dashed, step 0 being the base model."""
+    import numpy as np
+
+    from . import plots
+    from .pairs import CONDITION_LABELS
+
+    models = list(dict.fromkeys(rows.model))
+    fig, axes = plots.subplots(2, len(models), height=2.8)
+    axes = np.asarray(axes).reshape(2, len(models))
+    for j, name in enumerate(models):
+        for kind, ls in (("vl", "-"), ("text_only", "--")):
+            r = rows[(rows.model == name) & (rows.kind == kind)]
+            x, label = [0, *r.step], CONDITION_LABELS[kind]
+            axes[0, j].plot(x, [0, *r["strict-format mean change"]], ls, color="C0", marker="o",
+                            label=f"{label}: strict-format mean")
+            axes[0, j].plot(x, [0, *r["knowledge acc change"]], ls, color="C2", marker="s", label=f"{label}: knowledge")
+            axes[1, j].plot(x, [0, *r["sink mass change"]], ls, color="C3", marker="o", label=f"{label}: last-K sink mass")
+        axes[0, j].set_title(name); axes[0, j].set_ylabel("change from base (points)")
+        axes[1, j].set_ylabel("change of sink mass"); axes[1, j].set_xlabel("stage-2 step")
+        for ax in axes[:, j]:
+            ax.axhline(0, color="k", lw=0.6)
+    axes[0, 0].legend(fontsize=7); axes[1, 0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -279,3 +279,49 @@ def step_reading(table: pd.DataFrame) -> str:
             steps.append(text)
         parts.append(f"{m}: " + "; ".join(steps))
     return ". ".join(parts)
+
+
+def random_sizes(lm_by: Mapping[str, Any], built: Mapping[str, Any], evaluations: dict, scales: Sequence[float], *,
+                 seed: int, **evaluate_kwargs: Any) -> pd.DataFrame:
+    """Chapter 4's random-size section: evaluate the random control at each of `scales` for every model (largest
+    first, cached), add the evaluations to `evaluations` under `scaled_name(k)`, and return `random_curve` over
+    1x and `scales` with each size's whole-model relative change (k x the VL change's). `evaluate_kwargs` go to
+    `pairs.evaluate_condition`, with `last_k_layers` and `max_tokens` in place of `sink_kwargs` (set per model)."""
+    from .pairs import sink_settings
+    from .vl import relative_change_by_group
+
+    last_k, max_tokens = evaluate_kwargs.pop("last_k_layers"), evaluate_kwargs.pop("max_tokens")
+    vl_size = {n: relative_change_by_group(b.states["base"], b.states["vl"], whole=True)[0]["relative change"]
+               for n, b in built.items()}
+    for k in sorted(scales, reverse=True):
+        for name, lm in lm_by.items():
+            evaluations[(name, scaled_name(k))] = evaluate_random_scaled(
+                lm, built[name], [k], seed=seed, sink_kwargs=sink_settings(lm.model, last_k, max_tokens),
+                **evaluate_kwargs)[float(k)]
+    return random_curve(evaluations, [1.0, *scales], seed=seed, vl_change=vl_size)
+
+
+def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
+    """Figure 4.6: per model, the strict-format and knowledge changes of the random control against its
+    whole-model relative size (log scale), with VL's own size (dotted) and VL's strict-format change (dashed).
+    `vl_change`: {model: VL's strict-format mean change}."""
+    from . import plots
+    from .pairs import SCORE_LABELS
+
+    models = list(dict.fromkeys(curve.model))
+    fig, axes = plots.subplots(1, len(models), height=3.4)
+    for ax, name in zip(axes, models):
+        for metric, color in (("strict-format mean", "C0"), ("knowledge acc", "C2")):
+            c = curve[(curve.model == name) & (curve.metric == metric)]
+            ax.errorbar(c["relative change"], c.change, yerr=[c.change - c.lo, c.hi - c.change], marker="o",
+                        color=color, capsize=3, label=f"random: {SCORE_LABELS.get(metric, metric)}")
+        one = curve[(curve.model == name) & (curve.scale == 1.0)]["relative change"]
+        ax.axhline(vl_change[name], color="C3", ls="--", lw=1, label="VL: strict-format mean")
+        ax.axhline(0, color="k", lw=0.6)
+        if len(one):
+            ax.axvline(float(one.iloc[0]), color="grey", ls=":", lw=1)
+        ax.set_xscale("log"); ax.set_title(name)
+        ax.set_xlabel("||dW|| / ||W|| (whole model)"); ax.set_ylabel("change from base (points)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
