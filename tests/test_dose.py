@@ -94,3 +94,15 @@ def test_dose_table_puts_the_pair_at_the_last_step():
     t = dose.dose_table(evs, [2], stage2_steps=3, last_k=1)
     assert list(zip(t.kind, t.step)) == [("text_only", 2), ("text_only", 3), ("vl", 2), ("vl", 3)]
     assert t.loc[(t.kind == "vl") & (t.step == 3), "sink mass change"].iloc[0] == pytest.approx(-0.3)
+
+
+def test_plot_has_two_rows_per_model():
+    from tests.test_isolate import _ev
+
+    evs = {}
+    for i, c in enumerate(["base", "vl", "text_only", "vl step 2", "text_only step 2"]):
+        e = _ev(i, 0.5, 0.5, 0.5)
+        e["mass"], e["S"] = [[0.8 - i / 20]], 0.5
+        evs[("m", c)] = e
+    fig = dose.plot(dose.dose_table(evs, [2], stage2_steps=3, last_k=1))
+    assert len(fig.axes) == 2 and fig.axes[1].get_xlabel() == "stage-2 step"

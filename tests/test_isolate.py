@@ -159,3 +159,27 @@ def test_step_reading_says_which_way_each_step_moves(evaluations):
     fmt = t[(t.step == "one-word answer format") & (t.metric == "strict-format mean")].iloc[0]
     assert fmt.hi < 0 and "one-word answer format lowers the strict-format mean (" in s
     assert s.count(", and the lenient math score ") == 3
+
+
+def test_random_sizes_evaluates_each_size_per_model_and_plots(monkeypatch):
+    from sinklib import pairs
+
+    calls = []
+
+    def fake(lm, pair, condition, **kw):
+        calls.append((condition, kw["sink_kwargs"]["last_k_layers"]))
+        return _ev(0, 0.6, 0.6, 0.6)
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    monkeypatch.setattr(pairs, "sink_settings", lambda model, k, t: {"last_k_layers": k, "max_tokens": t})
+
+    class P:
+        states = {"base": {"w": torch.ones(2, 2)}, "vl": {"w": torch.ones(2, 2) * 1.1},
+                  "random": {"w": torch.ones(2, 2) * 0.9}}
+    evs = {("m", "base"): _ev(0, 0.6, 0.6, 0.6), ("m", "random"): _ev(0, 0.6, 0.6, 0.6)}
+    curve = isolate.random_sizes({"m": type("LM", (), {"model": None})()}, {"m": P}, evs, [2, 8], seed=0,
+                                 eval_n={"math": 60}, last_k_layers=3, max_tokens=16)
+    assert calls == [("random x8", 3), ("random x2", 3)] and ("m", "random x2") in evs
+    assert sorted(set(curve.scale)) == [1.0, 2.0, 8.0]
+    assert curve[curve.scale == 8]["relative change"].iloc[0] == pytest.approx(8 * 0.1)
+    fig = isolate.plot_random_curve(curve, {"m": -3.0})
+    assert fig.axes[0].get_title() == "m"
