@@ -187,11 +187,11 @@ def sink_text_rows(evaluations: Mapping[tuple[str, str], dict], last_k: Mapping[
     over their heads of the attention mass on the first token), of S, and of each metric (points, from the
     per-item outcomes; 'strict-format mean' as `pairs.STRICT_METRICS`). `last_k`: K, or {model: K}."""
     from .evals.paired import score
-    from .pairs import STRICT_METRICS
+    from .pairs import STRICT_METRICS, strict_mean
 
     def value(out: Mapping[str, Any], metric: str) -> float:
         if metric == "strict-format mean":
-            return float(np.mean([score(out, m) for m in STRICT_METRICS if m in out]))
+            return strict_mean({m: score(out, m) for m in STRICT_METRICS if m in out})
         return score(out, metric)
 
     rows = []
