@@ -330,7 +330,7 @@ def _format_not_knowledge(res):
         v = NOT_REPRODUCED if k.hi < 0 or f.lo > 0 else REPRODUCED if f.hi < 0 else INCONCLUSIVE
         why = ("knowledge lost outside noise (broad damage)" if k.hi < 0 else
                "strict-format change excludes zero" if f.lo > 0 or f.hi < 0 else "strict-format change within noise")
-        return f"strict-format {est(f)} pt, knowledge {est(k)} pt", v, why
+        return f"strict-format {est(f)} pt, knowledge {est(k)} pt{_seeds(doc, m, 'vl')}", v, why
     return _ch4_claim(res, test)
 
 
@@ -373,8 +373,22 @@ def _text_only(res):
         v = NOT_REPRODUCED if t.hi < 0 or tv.hi < 0 else direction(tv, +1)
         why = ("text-only itself lost strict format outside noise" if t.hi < 0 else
                "text-only minus VL excludes zero" if v != INCONCLUSIVE else "text-only minus VL within noise")
-        return f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt{_format_step(doc, m)}", v, why
+        return (f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt{_format_step(doc, m)}"
+                f"{_seeds(doc, m, 'text_only')}", v, why)
     return _ch4_claim(res, test)
+
+
+def _seeds(doc: dict, model: str, condition: str) -> str:
+    """'; strict-format change over 3 training seeds: ...' from chapter 4's seed summary (empty where the model
+    has one training seed)."""
+    rows = [r for r in ((doc["results"].get("seeds") or {}).get("summary") or [])
+            if r["model"] == model and r["condition"] == condition and r["metric"] == "strict-format mean"]
+    if not rows:
+        return ""
+    r = rows[0]
+    return (f"; strict-format change over {r['seeds']} training seeds {num(r['mean change'], 1)} pt "
+            f"({num(r['min'], 1)} to {num(r['max'], 1)}), {r['seeds below zero']} of {r['seeds']} below zero, "
+            f"seed spread {'wider than' if r['seed spread exceeds effect'] else 'within'} the effect")
 
 
 def _format_step(doc: dict, model: str) -> str:
@@ -412,7 +426,7 @@ def _random(res):
     def test(doc, m):
         r = delta(doc, m, "random", "vl", _strict())
         v = direction(r, -1)
-        return (f"random minus VL strict-format {est(r)} pt{_random_sizes(doc, m)}", v,
+        return (f"random minus VL strict-format {est(r)} pt{_random_sizes(doc, m)}{_seeds(doc, m, 'random')}", v,
                 "random minus VL excludes zero" if v != INCONCLUSIVE else "random minus VL within noise")
     return _ch4_claim(res, test)
 

@@ -151,18 +151,18 @@ def run(lm_by: Mapping[str, Any], built: Mapping[str, Any], steps: Sequence[int]
     """Chapter 4's dose-response for every model of `lm_by`: train (or load) each kind's series up to the pair's
     last stage-2 step, compare its last snapshot with the cached pair, evaluate the snapshots at `steps` (VQA only
     for VL) into `evaluations` under `snapshot_name`; returns {'<model> <kind label>': largest weight difference}.
-    `evaluate_kwargs` go to `pairs.evaluate_condition` (without `sink_kwargs`: set per model here)."""
-    from .pairs import CONDITION_LABELS, sink_settings
+    `evaluate_kwargs` go to `pairs.evaluate_condition`, with `last_k_layers` and `max_tokens` in place of
+    `sink_kwargs` (`pairs.per_model_kwargs`)."""
+    from .pairs import CONDITION_LABELS, per_model_kwargs
 
-    last_k, max_tokens = evaluate_kwargs.pop("last_k_layers"), evaluate_kwargs.pop("max_tokens")
     gaps = {}
     for name, lm in lm_by.items():
         b = built[name]
         for kind in KINDS:
             train_series(lm, b.params, kind, [*steps, b.params["stage2_steps"]], progress=progress)
             gaps[f"{name} {CONDITION_LABELS[kind]}"] = final_matches(lm, b.params, kind, b.states[kind])
-            for s, ev in evaluate_series(lm, b, kind, steps, sink_kwargs=sink_settings(lm.model, last_k, max_tokens),
-                                         vqa_n=vqa_n if kind == "vl" else 0, **evaluate_kwargs).items():
+            for s, ev in evaluate_series(lm, b, kind, steps, vqa_n=vqa_n if kind == "vl" else 0,
+                                         **per_model_kwargs(lm, evaluate_kwargs)).items():
                 evaluations[(name, snapshot_name(kind, s))] = ev
     return gaps
 

@@ -85,17 +85,11 @@ def step_sentence(table: pd.DataFrame, metric: str = "strict-format mean") -> st
 def display(table: pd.DataFrame, column: str = "step", order: Sequence[str] | None = None, caption: str = ""):
     """A `decomposition` or `random_curve` table for display: per model, one row per metric and one column per
     step (or size) holding 'change [lo, hi]' and the p-value."""
-    from .pairs import SCORE_LABELS, SCORE_LEGEND, interval_cell
+    from .pairs import SCORE_LEGEND, interval_cell, metric_grid
     from .plots import tables
 
-    t = table.copy()
-    t["cell"] = [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
-    t["metric"] = [SCORE_LABELS.get(m, m) for m in t.metric]
-    wide = t.pivot_table(index=["model", "metric"], columns=column, values="cell", aggfunc="first", sort=False)
-    cols = list(order) if order is not None else list(dict.fromkeys(t[column]))
-    wide = wide[[c for c in cols if c in wide.columns]]
-    wide.columns.name = None
-    return tables(wide, caption + " " + SCORE_LEGEND)
+    cells = [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(table.change, table.lo, table.hi, table.p)]
+    return tables(metric_grid(table, cells, column, order), caption + " " + SCORE_LEGEND)
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,15 +237,17 @@ def correlation_sentence(corr: pd.DataFrame) -> str:
 
 
 def critical_rho(n: int, level: float = 0.05) -> float:
-    """The smallest |rho| whose two-sided exact permutation p-value is at most `level` for n untied conditions
-    (n <= 9; the bar a correlation across n conditions must clear)."""
+    """The smallest |rho| whose two-sided permutation p-value is at most `level` for n untied conditions (the bar
+    a correlation across n conditions must clear): exact for n <= 8 (every ordering, as `sink_text_correlation`), beyond that from 9999
+    seeded random orderings with p = (k + 1) / (9999 + 1), as `panel.spearman_permutation` computes it."""
     from .panel import rho_null
     from .params import check_int
 
-    n = check_int("n", n, 3, 9)
-    null = np.abs(np.round(rho_null(n, exact_max_n=9), 12))
+    n = check_int("n", n, 3, 1000)
+    null = np.abs(np.round(rho_null(n, exact_max_n=8), 12))
+    adj = 0 if n <= 8 else 1
     for r in np.unique(null):
-        if np.mean(null >= r) <= level:
+        if (np.count_nonzero(null >= r) + adj) / (len(null) + adj) <= level:
             return float(r)
     return float("nan")
 
@@ -286,18 +282,16 @@ def random_sizes(lm_by: Mapping[str, Any], built: Mapping[str, Any], evaluations
     """Chapter 4's random-size section: evaluate the random control at each of `scales` for every model (largest
     first, cached), add the evaluations to `evaluations` under `scaled_name(k)`, and return `random_curve` over
     1x and `scales` with each size's whole-model relative change (k x the VL change's). `evaluate_kwargs` go to
-    `pairs.evaluate_condition`, with `last_k_layers` and `max_tokens` in place of `sink_kwargs` (set per model)."""
-    from .pairs import sink_settings
+    `pairs.evaluate_condition`, with `last_k_layers` and `max_tokens` in place of `sink_kwargs` (`pairs.per_model_kwargs`)."""
+    from .pairs import per_model_kwargs
     from .vl import relative_change_by_group
 
-    last_k, max_tokens = evaluate_kwargs.pop("last_k_layers"), evaluate_kwargs.pop("max_tokens")
     vl_size = {n: relative_change_by_group(b.states["base"], b.states["vl"], whole=True)[0]["relative change"]
                for n, b in built.items()}
     for k in sorted(scales, reverse=True):
         for name, lm in lm_by.items():
             evaluations[(name, scaled_name(k))] = evaluate_random_scaled(
-                lm, built[name], [k], seed=seed, sink_kwargs=sink_settings(lm.model, last_k, max_tokens),
-                **evaluate_kwargs)[float(k)]
+                lm, built[name], [k], seed=seed, **per_model_kwargs(lm, evaluate_kwargs))[float(k)]
     return random_curve(evaluations, [1.0, *scales], seed=seed, vl_change=vl_size)
 
 

@@ -186,6 +186,16 @@ def sink_settings(model: torch.nn.Module, last_k_layers: int, max_tokens: int) -
     return {"max_tokens": max_tokens, "last_k_layers": clamp_last_k(last_k_layers, model)}
 
 
+def per_model_kwargs(lm: Loaded, chapter_kwargs: Mapping[str, Any]) -> dict:
+    """`evaluate_condition` keyword arguments for one model from a chapter's: `last_k_layers` and `max_tokens`
+    replaced by that model's `sink_kwargs` (`sink_settings`, K clamped to its depth); the rest kept."""
+    for k in ("last_k_layers", "max_tokens"):
+        if k not in chapter_kwargs:
+            raise ParameterError(f"missing keyword {k!r}: the chapter's Sink Strength settings set each model's sink_kwargs")
+    kw = {k: v for k, v in chapter_kwargs.items() if k not in ("last_k_layers", "max_tokens")}
+    return {**kw, "sink_kwargs": sink_settings(lm.model, chapter_kwargs["last_k_layers"], chapter_kwargs["max_tokens"])}
+
+
 def evaluation_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Mapping[str, int], seed: int,
                    prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int, eval_batch_size: int,
                    key_extra: Mapping[str, Any] | None = None) -> dict:
@@ -326,18 +336,26 @@ def interval_cell(change: float, lo: float, hi: float, p: float = float("nan")) 
     return cell if p != p else f"{cell} p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
 
 
+def metric_grid(table: pd.DataFrame, cells: Sequence[str], column: str, order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Long rows (model, metric, `column`) with one display string each in `cells` -> the wide frame every
+    chapter 4 table shows: per model one row per metric (`SCORE_LABELS`), one column per value of `column` in
+    `order` (first appearance where None; values not present are dropped)."""
+    t = table.assign(cell=list(cells), metric=[SCORE_LABELS.get(m, m) for m in table.metric])
+    wide = t.pivot_table(index=["model", "metric"], columns=column, values="cell", aggfunc="first", sort=False)
+    cols = list(order) if order is not None else list(dict.fromkeys(t[column]))
+    wide = wide[[c for c in cols if c in wide.columns]]
+    wide.columns.name = None
+    return wide
+
+
 def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
     """`paired_table` for display: per model, one row per metric and one column per condition holding
     'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""
     from .plots import tables
 
-    t = table.copy()
-    t["cell"] = [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)]
-    t["condition"] = [CONDITION_LABELS.get(c, c) for c in t.condition]
-    t["metric"] = [SCORE_LABELS.get(m, m) for m in t.metric]
-    wide = t.pivot_table(index=["model", "metric"], columns="condition", values="cell", aggfunc="first", sort=False)
-    wide = wide[[CONDITION_LABELS.get(c, c) for c in conditions if CONDITION_LABELS.get(c, c) in wide.columns]]
-    wide.columns.name = None
+    t = table.assign(condition=[CONDITION_LABELS.get(c, c) for c in table.condition])
+    wide = metric_grid(t, [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)],
+                       "condition", [CONDITION_LABELS.get(c, c) for c in conditions])
     return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
                         "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
                         "strict-format mean; perplexity without a p-value. " + SCORE_LEGEND)
@@ -395,7 +413,9 @@ CHAPTER4_PARAMS = {
     "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
     **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
     "format_models": optional(list_of(text(), min_len=0)), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
-    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": optional(list_of(text())), **COMMON}
+    "random_models": optional(list_of(text())),
+    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": optional(list_of(text())),
+    "extra_seeds": list_of(integer(0, 10**9), min_len=0), "seed_models": optional(list_of(text())), **COMMON}
 
 
 def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:

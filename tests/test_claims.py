@@ -435,3 +435,20 @@ def test_claims_6a_6b_carry_the_isolating_controls(monkeypatch):
     assert "random at" not in claims.evaluate(BY_ID["6b"]).row.ours[1]
     doc["results"]["random_curve"] = [r for r in doc["results"]["random_curve"] if r["scale"] == 1.0]
     assert "random at" not in claims.evaluate(BY_ID["6b"]).row.ours[0]  # 1x alone adds nothing to the row
+
+
+def test_claims_5a_6a_6b_say_the_seed_spread(monkeypatch):
+    doc = ch4({A: pair(vl=(40, 40, 70), text_only=(20, 20, 70)), B: pair()})
+    doc["results"]["seeds"] = {"summary": [
+        {"model": A, "condition": c, "metric": "strict-format mean", "seeds": 3, "mean change": m, "min": lo,
+         "max": hi, "sd": 1.0, "seeds below zero": below, "seeds above zero": 0, "seed spread exceeds effect": ex}
+        for c, m, lo, hi, below, ex in (("vl", -2.0, -6.0, 3.0, 1, True), ("text_only", -20.0, -22.0, -18.0, 3, False),
+                                         ("random", 0.5, -1.0, 2.0, 0, True))]}
+    _fake(monkeypatch, {C4: doc})
+    ours = {cid: claims.evaluate(BY_ID[cid]).row.ours for cid in ("5a", "6a", "6b")}
+    assert ("pt; strict-format change over 3 training seeds −2.0 pt (−6.0 to +3.0), 1 of 3 below zero, seed "
+            "spread wider than the effect;") in ours["5a"][0]
+    assert "over 3 training seeds −20.0 pt (−22.0 to −18.0), 3 of 3 below zero, seed spread within the effect" \
+        in ours["6a"][0]
+    assert "over 3 training seeds +0.5 pt" in ours["6b"][0]
+    assert all("seeds" not in o[1] for o in ours.values())  # model B has one training seed: no clause

@@ -261,3 +261,25 @@ def test_seed_summary():
     assert s["seed spread exceeds effect"] and s["seeds below zero"] == 1 and s["seeds above zero"] == 1
     with pytest.raises(ParameterError, match="at least one seed"):
         pairs.seed_summary({})
+
+
+def test_metric_grid_orders_columns_and_labels_metrics():
+    import pandas as pd
+
+    t = pd.DataFrame({"model": ["m", "m", "m"], "metric": ["math strict", "math strict", "knowledge acc"],
+                      "condition": ["b", "a", "a"]})
+    wide = pairs.metric_grid(t, ["x", "y", "z"], "condition", order=["a", "b", "absent"])
+    assert list(wide.columns) == ["a", "b"] and wide.columns.name is None
+    assert wide.loc[("m", "math strict"), "a"] == "y" and wide.loc[("m", "knowl."), "a"] == "z"
+    assert list(pairs.metric_grid(t, ["x", "y", "z"], "condition").columns) == ["b", "a"]  # first appearance
+
+
+def test_per_model_kwargs_sets_each_models_sink_settings():
+    lm = tiny_model("llama", seed=0)
+    kw = {"eval_n": {"math": 2}, "last_k_layers": 99, "max_tokens": 16, "seed": 3}
+    out = pairs.per_model_kwargs(lm, kw)
+    assert out == {"eval_n": {"math": 2}, "seed": 3,
+                   "sink_kwargs": {"max_tokens": 16, "last_k_layers": lm.model.config.num_hidden_layers}}
+    assert "last_k_layers" in kw  # the chapter's keywords are not consumed
+    with pytest.raises(ParameterError, match="max_tokens"):
+        pairs.per_model_kwargs(lm, {"last_k_layers": 2})
