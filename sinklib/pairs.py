@@ -164,6 +164,21 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
     return Pair(params=params, states=states, projector=projector, encoder=encoder, logs=logs, trained_now=trained)
 
 
+def runtime_rows(model: str, logs: Mapping[str, Mapping[str, Any]], suffix: str = "") -> list[dict]:
+    """Chapter 4's run-time rows of one pair's training logs (`Pair.logs`): per condition (its name + `suffix`)
+    and stage, the steps, the stage's seconds (along-training measurements included) and the median seconds of
+    one optimiser step."""
+    rows = []
+    for cond, log in logs.items():
+        h = pd.DataFrame(log["history"])
+        for stage, sec in log["seconds"].items():
+            hs = h[h.stage.str.contains("stage 1" if stage == "stage1" else "stage 2|text", regex=True)] if len(h) else h
+            rows.append({"model": model, "condition": cond + suffix, "stage": stage, "steps": len(hs),
+                         "seconds": round(sec), "median s/step": round(float(hs.seconds.median()), 2)
+                         if len(hs) else np.nan})
+    return rows
+
+
 def load_pair(lm: Loaded, params: Mapping[str, Any]) -> Pair:
     """The pair chapter 4 built, from the cache; a clear error names the notebook that builds it."""
     for kind in ("vl", "text_only"):

@@ -61,9 +61,9 @@ def run(lm_by: Mapping[str, Any], built: Mapping[str, Any], extra_seeds: Sequenc
     training seed in `extra_seeds` with the first pair's recipe, evaluate its VL, text-only and random conditions
     on the same items (`evaluate_kwargs['seed']`, the chapter's seed) into `evaluations` under `seed_name`, VQA for
     VL. One extra pair is held in memory at a time. Returns {model: {seed: {'trained now': {condition: bool},
-    'seconds': {condition: {stage: s}}}}}. `evaluate_kwargs` go to `pairs.evaluate_condition`, with
+    'runtime': `pairs.runtime_rows` of its training, conditions named '<condition> seed <s>'}}}. `evaluate_kwargs` go to `pairs.evaluate_condition`, with
     `last_k_layers` and `max_tokens` in place of `sink_kwargs` (`pairs.per_model_kwargs`)."""
-    from .pairs import build_pair, evaluate_condition, per_model_kwargs
+    from .pairs import build_pair, evaluate_condition, per_model_kwargs, runtime_rows
 
     info: dict[str, dict[int, dict]] = {}
     for name, lm in lm_by.items():
@@ -75,7 +75,7 @@ def run(lm_by: Mapping[str, Any], built: Mapping[str, Any], extra_seeds: Sequenc
                 evaluations[(name, seed_name(cond, s))] = evaluate_condition(
                     lm, pair, cond, vqa_n=vqa_n if cond == "vl" else 0, **kw)
             info.setdefault(name, {})[s] = {"trained now": dict(pair.trained_now),
-                                            "seconds": {c: pair.logs[c]["seconds"] for c in pair.logs}}
+                                            "runtime": runtime_rows(name, pair.logs, suffix=f"{_SEP}{s}")}
             del pair
     return info
 

@@ -124,6 +124,9 @@ def test_run_trains_each_seed_and_pairs_it_with_the_same_items(cache, monkeypatc
         (s, c, 0, 5 if c == "vl" else 0) for s in (2, 1) for c in seeds.CONDITIONS]
     assert calls[0][4] == {"max_tokens": 16, "last_k_layers": lm.model.config.num_hidden_layers}  # K clamped
     assert info["m"][2]["trained now"] == {"vl": True, "text_only": True}
+    rt = info["m"][2]["runtime"]
+    assert [(r["condition"], r["stage"], r["steps"]) for r in rt] == [
+        ("vl seed 2", "stage1", 2), ("vl seed 2", "stage2", 2), ("text_only seed 2", "stage2", 2)]
     k = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(ev[("m", "vl seed 1")]["state"][k], ev[("m", "vl seed 2")]["state"][k])
     assert not torch.equal(ev[("m", "vl seed 1")]["state"][k], first.states["vl"][k])
