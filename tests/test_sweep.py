@@ -1,0 +1,80 @@
+"""The VL recipe sweep: stage 1 once, stage 2 at several learning rates from the same projector (sinklib.sweep)."""
+import pandas as pd
+import pytest
+import torch
+
+from sinklib import cache as sk_cache
+from sinklib import pairs, sweep, vl
+from sinklib.errors import ParameterError
+from sinklib.models import tiny_model
+from tests.test_isolate import _ev
+from tests.test_pairs import cache  # noqa: F401 (the fixture: an empty cache folder)
+from tests.test_vl import TOK
+
+
+def _params():
+    return pairs.pair_params("tiny-llama", seed=1, stage1_steps=2, stage2_steps=3, batch_size=2, weights="random")
+
+
+def _lm():
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    return lm
+
+
+def test_point_params_and_names():
+    p = sweep.point_params(_params(), 1e-5)
+    assert p["lr_lm"] == 1e-5 and p["lr_projector_stage2"] == 1e-5 and p["lr_projector"] == _params()["lr_projector"]
+    assert sweep.point_params(_params(), 1e-5, 3e-5)["lr_projector_stage2"] == 3e-5
+    assert sweep.point_name(5e-5) == "lr_lm 5e-05"
+    with pytest.raises(ParameterError, match="lr_lm"):
+        sweep.point_params(_params(), 2.0)
+    # stage 1 does not depend on the stage-2 rates; the points do
+    assert sweep.stage1_dir(p) == sweep.stage1_dir(_params())
+    assert sweep.point_dir(p) != sweep.point_dir(_params())
+    assert sweep.point_dir(_params()) != pairs.condition_dir(_params(), "vl")  # never a chapter 4 checkpoint
+
+
+def test_point_at_the_recipe_rates_is_the_pairs_vl_model(cache):
+    lm = _lm()
+    base = vl.clone_state_dict(lm.model)
+    pair = pairs.build_pair(lm, _params(), progress=False)
+    d1 = sweep.train_stage1(lm, _params())
+    d = sweep.train_point(lm, _params())
+    assert sk_cache.checkpoint_exists(d1) and sk_cache.checkpoint_exists(d)
+    for k, v in base.items():  # the model holds the base weights again
+        assert torch.equal(lm.model.state_dict()[k], v)
+    assert sweep.point_matches(lm, _params(), pair.states["vl"]) == 0.0
+    slow = sweep.point_params(_params(), _params()["lr_lm"] / 10)
+    sweep.train_point(lm, slow)
+    assert sweep.point_matches(lm, slow, pair.states["vl"]) > 0.0
+    mtime = (d1 / "meta.json").stat().st_mtime_ns
+    sweep.train_point(lm, sweep.point_params(_params(), 1e-3))  # stage 1 is reused
+    assert (d1 / "meta.json").stat().st_mtime_ns == mtime
+
+
+def test_run_table_and_sentence(cache, monkeypatch):
+    lm = _lm()
+    calls = []
+
+    def fake(lm_, pair, condition, **kw):  # the tiny character tokenizer cannot run the suites
+        calls.append((condition, pair.params["lr_lm"], kw.get("vqa_n", 0), kw["key_extra"], kw["eval_n"]))
+        k = "model.layers.0.self_attn.q_proj.weight"
+        assert condition == "base" or not torch.equal(pair.states["vl"][k], pair.states["base"][k])
+        return {**_ev(len(calls), 0.5, 0.5, 0.6 - 0.1 * len(calls)), "S": 0.1 * len(calls),
+                "vqa": [0.5, 4] if condition == "vl" else None}
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    res = sweep.run(lm, _params(), [1e-3, 1e-5], eval_n={"instructions": 3, "knowledge": 4, "perplexity": 2}, seed=0,
+                    prompts=["The cat sat on the mat."], sink_kwargs={"max_tokens": 16, "last_k_layers": 1}, vqa_n=4)
+    assert list(res) == ["base", "lr_lm 0.001", "lr_lm 1e-05"]
+    assert [c[:3] for c in calls] == [("base", _params()["lr_lm"], 0), ("vl", 1e-3, 4), ("vl", 1e-5, 4)]
+    assert all(c[3] == sweep.KEY_EXTRA and c[4] == {"knowledge": 4, "perplexity": 2} for c in calls)
+    t = sweep.table({"m": res}, seed=0, image_size=48, recipe={"m": 1e-5})
+    assert list(t.lr_lm) == [1e-5, 1e-3] and list(t.recipe) == [True, False]
+    assert {"VQA vqa", "VQA majority", "learned", "knowledge change", "knowledge lo", "perplexity change", "S"} <= set(t)
+    forced = t.assign(learned=[True, False])
+    assert sweep.sentence(forced).startswith("m: learned at lr_lm 1e-05 of 1e-05, 0.001; the least knowledge lost at 1e-05")
+    assert "no swept rate learned" in sweep.sentence(t.assign(learned=False))
+    with pytest.raises(ParameterError, match="lrs"):
+        sweep.run(lm, _params(), [], eval_n={}, seed=0, prompts=[], sink_kwargs={}, vqa_n=1)
+    assert isinstance(t, pd.DataFrame)
