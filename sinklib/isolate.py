@@ -319,3 +319,30 @@ def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_sink_text(rows: pd.DataFrame):
+    """Figure 4.7: per model, the change of the strict-format mean (circles, labelled by condition,
+    `seeds.label`) and of the knowledge score (squares) against the change of the last-K sink mass, one point per
+    adapted condition of `sink_text_rows`."""
+    from . import plots
+    from .seeds import label
+
+    models = list(dict.fromkeys(rows.model))
+    fig, axes = plots.subplots(1, len(models), height=3.4)
+    for ax, name in zip(axes, models):
+        r = rows[rows.model == name]
+        ax.scatter(r["sink mass change"], r["strict-format mean change"], color="C0", label="strict-format mean")
+        ax.scatter(r["sink mass change"], r["knowledge acc change"], color="C2", marker="s", label="knowledge")
+        for _, row in r.iterrows():
+            ax.annotate(label(row.condition), (row["sink mass change"], row["strict-format mean change"]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_title(name)
+        ax.set_xlabel("change of last-K sink mass")
+        ax.set_ylabel("change from base (points)")
+        ax.locator_params(axis="x", nbins=4)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig

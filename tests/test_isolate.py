@@ -185,3 +185,13 @@ def test_random_sizes_evaluates_each_size_per_model_and_plots(monkeypatch):
     assert curve[curve.scale == 8]["relative change"].iloc[0] == pytest.approx(8 * 0.1)
     fig = isolate.plot_random_curve(curve, {"m": -3.0})
     assert fig.axes[0].get_title() == "m"
+
+
+def test_plot_sink_text_labels_every_condition():
+    rows = pd.DataFrame({"model": ["m", "m", "n"], "condition": ["vl", "vl seed 2", "random x4"],
+                         "sink mass change": [0.1, -0.2, 0.0], "strict-format mean change": [1.0, -3.0, 0.5],
+                         "knowledge acc change": [0.0, 1.0, -1.0]})
+    fig = isolate.plot_sink_text(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["m", "n"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["VL", "VL s2"]
+    assert [t.get_text() for t in fig.axes[1].texts] == ["random x4"]
