@@ -6,20 +6,9 @@ import torch
 from sinklib import cache as sk_cache
 from sinklib import pairs, sweep, vl
 from sinklib.errors import ParameterError
-from sinklib.models import tiny_model
+from tests.test_dose import _lm, _params  # the same tiny pair
 from tests.test_isolate import _ev
 from tests.test_pairs import cache  # noqa: F401 (the fixture: an empty cache folder)
-from tests.test_vl import TOK
-
-
-def _params():
-    return pairs.pair_params("tiny-llama", seed=1, stage1_steps=2, stage2_steps=3, batch_size=2, weights="random")
-
-
-def _lm():
-    lm = tiny_model("llama", seed=0)
-    lm.tokenizer = TOK
-    return lm
 
 
 def test_point_params_and_names():
