@@ -177,7 +177,7 @@ def sentence(summ: pd.DataFrame, metric: str = "strict-format mean") -> str:
             spread = _spread(r)
             cl.append(f"{CONDITION_LABELS.get(r.condition, r.condition)} {r['mean change']:+.1f} "
                       f"(seeds {r['min']:+.1f} to {r['max']:+.1f}; {outside}; {spread})")
-        parts.append(f"{m}: " + ", ".join(cl))
+        parts.append(f"{m} ({int(g.seeds.max())} training seeds): " + ", ".join(cl))
     return "; ".join(parts)
 
 

@@ -76,7 +76,7 @@ def test_cells_sentence_and_display():
     assert seeds.summary_cell(row) == "+1.0 (-4.0 to +6.0), 1/3 above !"
     _, summ = seeds.summary(_evaluations(), seed=0)
     s = seeds.sentence(summ)
-    assert s.startswith("m: VL ") and "text-only " in s and "of 3 below zero" in s and "seed spread" in s
+    assert s.startswith("m (3 training seeds): VL ") and "text-only " in s and "of 3 below zero" in s and "seed spread" in s
     with pytest.raises(ParameterError, match="no rows"):
         seeds.sentence(summ, metric="vqa")
     shown = seeds.display(summ)
