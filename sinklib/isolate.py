@@ -322,19 +322,27 @@ def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
 
 
 def plot_sink_text(rows: pd.DataFrame):
-    """Figure 4.7: per model, the change of the strict-format mean (circles, labelled by condition,
-    `seeds.label`) and of the knowledge score (squares) against the change of the last-K sink mass, one point per
-    adapted condition of `sink_text_rows`."""
+    """Figure 4.7: per model, the change of the strict-format mean (circles) and of the knowledge score (squares)
+    against the change of the last-K sink mass, one point per adapted condition of `sink_text_rows`. Trained
+    conditions are labelled (`seeds.label`); the random controls (every size and seed), which crowd near the
+    origin, are drawn hollow and unlabelled."""
     from . import plots
     from .seeds import label
 
     models = list(dict.fromkeys(rows.model))
-    fig, axes = plots.subplots(1, len(models), height=3.4)
+    fig, axes = plots.subplots(1, len(models), height=3.6)
     for ax, name in zip(axes, models):
         r = rows[rows.model == name]
-        ax.scatter(r["sink mass change"], r["strict-format mean change"], color="C0", label="strict-format mean")
-        ax.scatter(r["sink mass change"], r["knowledge acc change"], color="C2", marker="s", label="knowledge")
-        for _, row in r.iterrows():
+        rnd = r.condition.str.startswith("random")
+        for sel, fill, tag in ((~rnd, True, ""), (rnd, False, "random (every size and seed): ")):
+            if not sel.any():
+                continue
+            x = r[sel]["sink mass change"]
+            ax.scatter(x, r[sel]["strict-format mean change"], marker="o", label=f"{tag}strict-format mean",
+                       **({"color": "C0"} if fill else {"facecolors": "none", "edgecolors": "C0"}))
+            ax.scatter(x, r[sel]["knowledge acc change"], marker="s", label=f"{tag}knowledge",
+                       **({"color": "C2"} if fill else {"facecolors": "none", "edgecolors": "C2"}))
+        for _, row in r[~rnd].iterrows():
             ax.annotate(label(row.condition), (row["sink mass change"], row["strict-format mean change"]),
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="k", lw=0.6)
@@ -343,6 +351,7 @@ def plot_sink_text(rows: pd.DataFrame):
         ax.set_xlabel("change of last-K sink mass")
         ax.set_ylabel("change from base (points)")
         ax.locator_params(axis="x", nbins=4)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
