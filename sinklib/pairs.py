@@ -402,6 +402,24 @@ def panel_row(name: str, S: float, qk_norm: str, changes: Mapping[str, float]) -
     return row
 
 
+def panel_rows(lms: Mapping[str, Loaded], S_wide: pd.DataFrame, deltas: pd.DataFrame) -> list[dict]:
+    """The measured panel that chapter 5 reads: one `panel_row` per model (its base S, QK-norm type and VL
+    changes from `score_deltas`)."""
+    return [panel_row(name, S_wide.loc[name, "base"], lm.qk_norm,
+                      deltas[(deltas.model == name) & (deltas.condition == "vl")].set_index("metric").change)
+            for name, lm in lms.items()]
+
+
+def pair_records(built: Mapping[str, Pair]) -> dict:
+    """What chapter 4 saves of its pairs: training seconds per condition, the checkpoint folders (relative to
+    the cache folder, never a machine path) and each pair's parameters."""
+    root = cache.root()
+    return {"train_seconds": {n: {c: log["seconds"] for c, log in b.logs.items()} for n, b in built.items()},
+            "checkpoints": {n: {c: condition_dir(b.params, c).relative_to(root).as_posix() for c in b.logs}
+                            for n, b in built.items()},
+            "pair_params": {n: b.params for n, b in built.items()}}
+
+
 def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
     """Chapter 4's results as later chapters read them: (pair_params by model, chapter 4's
     parameters, provenance). ParameterError names a model chapter 4 did not adapt."""

@@ -283,3 +283,25 @@ def test_per_model_kwargs_sets_each_models_sink_settings():
     assert "last_k_layers" in kw  # the chapter's keywords are not consumed
     with pytest.raises(ParameterError, match="max_tokens"):
         pairs.per_model_kwargs(lm, {"last_k_layers": 2})
+
+
+def test_pair_records_are_relative_to_the_cache(cache):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    b = pairs.build_pair(lm, _params(), progress=False)
+    rec = pairs.pair_records({"m": b})
+    assert rec["pair_params"] == {"m": b.params} and set(rec["train_seconds"]["m"]) == {"vl", "text_only"}
+    assert rec["checkpoints"]["m"]["vl"] == pairs.condition_dir(b.params, "vl").relative_to(cache).as_posix()
+    assert not rec["checkpoints"]["m"]["vl"].startswith("/")
+
+
+def test_panel_rows_take_each_models_base_S_and_vl_changes():
+    import pandas as pd
+
+    S = pd.DataFrame({"base": [0.5]}, index=["m"])
+    deltas = pd.DataFrame([{"model": "m", "condition": c, "metric": mt, "change": v}
+                           for c, v in (("vl", -2.0), ("text_only", -9.0))
+                           for mt in ("instructions strict", "math strict", "knowledge acc")])
+    lm = type("LM", (), {"qk_norm": "none"})()
+    rows = pairs.panel_rows({"m": lm}, S, deltas)
+    assert rows == [pairs.panel_row("m", 0.5, "none", deltas[deltas.condition == "vl"].set_index("metric").change)]
