@@ -18,7 +18,7 @@ Conditions of one pair:
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,12 +76,57 @@ def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
     return cache.checkpoint_dir(cache.key({**params, "kind": kind}))
 
 
+class LazyStates(MutableMapping):
+    """Condition -> LM state dict, where a condition may be given as a zero-argument function that makes its state
+    dict on first use (read from a cached checkpoint, or drawn): a rerun whose evaluations are all cached never
+    reads the weights. A dict in every other way; `ready(condition)` says whether a state is made already."""
+
+    def __init__(self, made: Mapping[str, dict] | None = None, **_: Any) -> None:
+        self._data: dict[str, Any] = dict(made or {})
+
+    def defer(self, condition: str, make: Callable[[], dict]) -> None:
+        """Make the state of `condition` by `make()` when it is first read."""
+        self._data[condition] = _Deferred(make)
+
+    def ready(self, condition: str) -> bool:
+        return not isinstance(self._data[condition], _Deferred)
+
+    def __getitem__(self, condition: str) -> dict:
+        v = self._data[condition]
+        if isinstance(v, _Deferred):
+            v = self._data[condition] = v.make()
+        return v
+
+    def __contains__(self, condition: object) -> bool:  # Mapping's would read the state
+        return condition in self._data
+
+    def __setitem__(self, condition: str, state: dict) -> None:
+        self._data[condition] = state
+
+    def __delitem__(self, condition: str) -> None:
+        del self._data[condition]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"LazyStates({', '.join(c + ('' if self.ready(c) else ' (not read yet)') for c in self._data)})"
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    make: Callable[[], dict]
+
+
 @dataclass
 class Pair:
     """State dicts of every condition of one base model, plus the VL projector/encoder and training logs."""
 
     params: dict
-    states: dict[str, dict[str, torch.Tensor]]            # condition -> LM state dict
+    states: MutableMapping[str, dict[str, torch.Tensor]]  # condition -> LM state dict (a dict or LazyStates)
     projector: Any
     encoder: Any
     logs: dict[str, dict] = field(default_factory=dict)   # condition -> meta (history, callbacks, budget, seconds)
@@ -112,56 +157,76 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
     model, tok = lm.model, lm.tokenizer
     params = dict(params)
     base_sd = vl.clone_state_dict(model)
-    states: dict[str, dict] = {"base": base_sd}
+    states = LazyStates({"base": base_sd})
     logs: dict[str, dict] = {}
     trained: dict[str, bool] = {}
+    projector = encoder = None
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
                   schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every, progress=progress)
 
-    path = condition_dir(params, "vl")
-    if cache.checkpoint_exists(path) and not retrain:
-        ck = cache.load_checkpoint(path, model)
-        projector, encoder, logs["vl"] = ck.projector, ck.encoder, ck.meta
-        trained["vl"] = False
-    else:
-        res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
-                          lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
-                          lr_projector_stage2=params.get("lr_projector_stage2"), **common)
-        projector, encoder, logs["vl"] = res.projector, res.encoder, _meta_of(res)
-        cache.save_checkpoint(path, model, projector, encoder, meta=logs["vl"])
-        trained["vl"] = True
-    states["vl"] = vl.clone_state_dict(model)
-
-    model.load_state_dict(base_sd, strict=True)
-    path = condition_dir(params, "text_only")
-    if cache.checkpoint_exists(path) and not retrain:
-        logs["text_only"] = cache.load_checkpoint(path, model).meta
-        trained["text_only"] = False
-    else:
-        res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
-        logs["text_only"] = _meta_of(res)
-        cache.save_checkpoint(path, model, meta=logs["text_only"])
-        trained["text_only"] = True
-    states["text_only"] = vl.clone_state_dict(model)
-
-    for kind in extra:  # the format-preserving control: one-word answers written as sentences
-        model.load_state_dict(base_sd, strict=True)
+    for kind in ("vl", "text_only", *extra):
         path = condition_dir(params, kind)
-        if cache.checkpoint_exists(path) and not retrain:
-            logs[kind] = cache.load_checkpoint(path, model).meta
+        if cache.checkpoint_exists(path) and not retrain:  # its weights are read when first needed
+            ck = cache.load_checkpoint(path, model, weights=False)
+            logs[kind] = ck.meta
+            if kind == "vl":
+                projector, encoder = ck.projector, ck.encoder
+            states.defer(kind, lambda path=path: cache.load_state(path, model))
             trained[kind] = False
-        else:
+            continue
+        model.load_state_dict(base_sd, strict=True)
+        if kind == "vl":
+            res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
+                              lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
+                              lr_projector_stage2=params.get("lr_projector_stage2"), **common)
+            projector, encoder = res.projector, res.encoder
+        else:  # text_sentence: the format-preserving control, one-word answers written as sentences
             res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"],
-                                     answer_style="sentence", **common)
-            logs[kind] = _meta_of(res)
-            cache.save_checkpoint(path, model, meta=logs[kind])
-            trained[kind] = True
+                                     answer_style="sentence" if kind == "text_sentence" else "word", **common)
+        logs[kind] = _meta_of(res)
+        cache.save_checkpoint(path, model, projector if kind == "vl" else None, encoder if kind == "vl" else None,
+                              meta=logs[kind])
+        trained[kind] = True
         states[kind] = vl.clone_state_dict(model)
 
-    states["random"] = vl.random_direction_like(base_sd, states["vl"], seed=params["seed"])
+    states.defer("random", lambda: vl.random_direction_like(base_sd, states["vl"], seed=params["seed"]))
     model.load_state_dict(base_sd, strict=True)
     model.eval()
     return Pair(params=params, states=states, projector=projector, encoder=encoder, logs=logs, trained_now=trained)
+
+
+def _stamps(params: Mapping[str, Any], condition: str) -> dict | None:
+    """The checkpoint stamps a condition's weights derive from (None: a condition with no cached checkpoint)."""
+    kinds = {"random": ("vl",)}.get(condition, (condition,))
+    if any(k not in TRAINED or not cache.checkpoint_exists(condition_dir(params, k)) for k in kinds):
+        return None
+    return {k: cache.checkpoint_stamp(condition_dir(params, k)) for k in kinds}
+
+
+def relative_change(pair: Pair, condition: str, *, whole: bool = False) -> list[dict]:
+    """`vl.relative_change_by_group` of one condition against the pair's base: rows {group, tensors, parameters,
+    relative change, largest tensor}. Cached under the stamps of the checkpoints it comes from (the random control:
+    the VL checkpoint and the pair's seed), so a rerun reads no weights; conditions without a checkpoint are
+    computed each time."""
+    if condition not in pair.states or condition == "base":
+        raise ParameterError(f"parameter 'condition' got {condition!r}; allowed: "
+                             f"{', '.join(c for c in pair.states if c != 'base')}")
+
+    def compute() -> dict:
+        return {"rows": vl.relative_change_by_group(pair.states["base"], pair.states[condition], whole=whole)}
+
+    stamps = _stamps(pair.params, condition)
+    if stamps is None:
+        return compute()["rows"]
+    return cache.cached_json({"what": "relative change", "pair": dict(pair.params), "condition": condition,
+                              "whole": bool(whole), "checkpoints": stamps}, compute)["rows"]
+
+
+def weight_change(built: Mapping[str, Pair], conditions: Sequence[str] = ("vl", "text_only", "random")) -> pd.DataFrame:
+    """Chapter 4's weight-change rows: per model, condition and tensor group, `relative_change` (columns model,
+    condition, group, tensors, parameters, relative change, largest tensor)."""
+    return pd.DataFrame([{"model": n, "condition": c, **r} for n, b in built.items() for c in conditions
+                         for r in relative_change(b, c)])
 
 
 def runtime_rows(model: str, logs: Mapping[str, Mapping[str, Any]], suffix: str = "") -> list[dict]:

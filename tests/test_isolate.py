@@ -175,6 +175,7 @@ def test_random_sizes_evaluates_each_size_per_model_and_plots(monkeypatch):
     monkeypatch.setattr(pairs, "sink_settings", lambda model, k, t: {"last_k_layers": k, "max_tokens": t})
 
     class P:
+        params = {"model": "m", "seed": 0}  # no cached checkpoint: the weight change is computed
         states = {"base": {"w": torch.ones(2, 2)}, "vl": {"w": torch.ones(2, 2) * 1.1},
                   "random": {"w": torch.ones(2, 2) * 0.9}}
     evs = {("m", "base"): _ev(0, 0.6, 0.6, 0.6), ("m", "random"): _ev(0, 0.6, 0.6, 0.6)}
