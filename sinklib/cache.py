@@ -183,6 +183,24 @@ def load_state(path: str | Path, model: nn.Module) -> dict:
     return {k: sd[k] if sd[k].dtype == want[k].dtype else sd[k].to(want[k].dtype) for k in want}
 
 
+def state_gap(path: str | Path, model: nn.Module, other: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+              other_path: str | Path | None = None) -> float:
+    """Largest absolute weight difference between the checkpoint in `path` and the state dict `other` (or a
+    function that returns it, called only when the difference is not cached), over floating-point tensors; `model`
+    gives the architecture and is not changed. With `other_path` (the checkpoint `other` was read from) the result
+    is cached under both checkpoints' stamps, so a rerun reads neither."""
+    def compute() -> dict:
+        now = load_state(path, model)
+        ref = other() if callable(other) else other
+        return {"gap": max((float((now[k].double() - v.double()).abs().max()) for k, v in ref.items()
+                            if v.is_floating_point() and v.numel()), default=0.0)}
+
+    if other_path is None or not checkpoint_exists(other_path):
+        return compute()["gap"]
+    return cached_json({"what": "weight gap", "a": checkpoint_stamp(path), "b": checkpoint_stamp(other_path)},
+                       compute)["gap"]
+
+
 def load_checkpoint(path: str | Path, model: nn.Module, weights: bool = True) -> Checkpoint:
     """Load a checkpoint into `model` (same architecture, loaded in place) and rebuild projector and encoder.
     `weights=False`: projector, encoder and meta only; `model` keeps its weights (`load_state` reads them)."""

@@ -82,24 +82,12 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
 def final_matches(lm: Any, params: Mapping[str, Any], kind: str,
                   pair_state: Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]]) -> float:
     """Largest absolute difference between the series' snapshot at the last stage-2 step and the pair's cached
-    state of `kind` (0.0: the rerun reproduced the pair exactly); `pair_state` may be a function that returns it
-    (read only when the difference is not cached yet). Cached under both checkpoints' stamps
-    (`cache.checkpoint_stamp`); `lm.model` is not changed."""
+    state of `kind` (0.0: the rerun reproduced the pair exactly); `pair_state` may be a function that returns it.
+    Cached under both checkpoints' stamps (`cache.state_gap`); `lm.model` is not changed."""
     from .pairs import condition_dir
 
-    snap = snapshot_dir(params, kind, params["stage2_steps"])
-    own = condition_dir(params, kind)
-
-    def compute() -> dict:
-        now = cache.load_state(snap, lm.model)
-        ref = pair_state() if callable(pair_state) else pair_state
-        return {"gap": max(float((now[k].double() - v.double()).abs().max()) if v.numel() else 0.0
-                           for k, v in ref.items() if v.is_floating_point())}
-
-    if not cache.checkpoint_exists(own):
-        return compute()["gap"]
-    key = {"what": "dose final gap", "snapshot": cache.checkpoint_stamp(snap), "pair": cache.checkpoint_stamp(own)}
-    return cache.cached_json(key, compute)["gap"]
+    return cache.state_gap(snapshot_dir(params, kind, params["stage2_steps"]), lm.model, pair_state,
+                           condition_dir(params, kind))
 
 
 def evaluate_series(lm: Any, pair: Any, kind: str, steps: Sequence[int], **evaluate_kwargs: Any) -> dict[int, dict]:

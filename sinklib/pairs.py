@@ -33,7 +33,8 @@ from .errors import ParameterError, ResultsMissing
 from .models import Loaded
 from .evals import COUNT_PARAMS
 from .models import MODEL_PARAMS
-from .params import COMMON, boolean, check_choice, check_float, check_int, choice, integer, list_of, number, optional, text
+from .params import (COMMON, Dependent, boolean, check_choice, check_float, check_int, check_list, choice, integer,
+                     list_of, number, optional, text)
 from .sink import prompt_count
 
 CONDITIONS = ("base", "vl", "text_only", "random")
@@ -502,6 +503,21 @@ def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
 # ---------------------------------------------------------------------------------------
 # the parameters of chapter 4 (the recipe's ranges are those of pair_params)
 
+def models_subset(allow_none: bool = True, min_len: int = 1) -> Dependent:
+    """A list of model names, each one of the notebook's `models` (None too where `allow_none`: every model): a
+    misspelt name is an error, never a condition silently skipped."""
+    def check(name: str, value: Any, checked: dict) -> list[str] | None:
+        if value is None and allow_none:
+            return None
+        out = check_list(name, value, item_check=text(), min_len=min_len)
+        unknown = [m for m in out if m not in checked["models"]]
+        if unknown:
+            raise ParameterError(f"parameter {name!r} names {unknown}, which are not in 'models' "
+                                 f"({checked['models']}); use names from 'models'")
+        return out
+    return Dependent(check)
+
+
 CHAPTER4_PARAMS = {
     **MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
     "stage1_steps": integer(0, 10**6),
@@ -510,10 +526,12 @@ CHAPTER4_PARAMS = {
     "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
     "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
     **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
-    "format_models": optional(list_of(text(), min_len=0)), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
-    "random_models": optional(list_of(text())),
-    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": optional(list_of(text())),
-    "extra_seeds": list_of(integer(0, 10**9), min_len=0), "seed_models": optional(list_of(text())), **COMMON}
+    "format_models": models_subset(min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
+    "random_models": models_subset(),
+    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": models_subset(),
+    "extra_seeds": list_of(integer(0, 10**9), min_len=0), "seed_models": models_subset(),
+    "sweep_models": models_subset(allow_none=False, min_len=0), "sweep_lrs": list_of(number(1e-9, 1.0), min_len=0),
+    **COMMON}
 
 
 def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
