@@ -167,10 +167,17 @@ def sentence(t: pd.DataFrame) -> str:
             parts.append(f"{m}: no swept rate learned the task (VQA interval above the majority answer)")
             continue
         best = ok.loc[ok["knowledge change"].idxmax()]
-        parts.append(f"{m}: learned at lr_lm {', '.join(f'{x:g}' for x in ok.lr_lm)} of "
-                     f"{', '.join(f'{x:g}' for x in g.lr_lm)}; the least knowledge lost at {best.lr_lm:g} "
-                     f"(VQA {best['VQA vqa']:.1f} % vs majority {best['VQA majority']:.1f} %, knowledge "
-                     f"{interval_cell(best['knowledge change'], best['knowledge lo'], best['knowledge hi'])} pt)")
+        text = (f"{m}: learned at lr_lm {', '.join(f'{x:g}' for x in ok.lr_lm)} of "
+                f"{', '.join(f'{x:g}' for x in g.lr_lm)}; the least knowledge lost at {best.lr_lm:g} "
+                f"(VQA {best['VQA vqa']:.1f} % vs majority {best['VQA majority']:.1f} %, knowledge "
+                f"{interval_cell(best['knowledge change'], best['knowledge lo'], best['knowledge hi'])} pt)")
+        rec = g[g.recipe]
+        if len(rec) and not bool(rec.iloc[0].recipe and rec.iloc[0].lr_lm == best.lr_lm):
+            r = rec.iloc[0]
+            text += (f", where the recipe's rate {r.lr_lm:g} reaches VQA {r['VQA vqa']:.1f} % with knowledge "
+                     f"{interval_cell(r['knowledge change'], r['knowledge lo'], r['knowledge hi'])} pt and perplexity "
+                     f"{r['perplexity change']:+.2f}")
+        parts.append(text)
     return "; ".join(parts)
 
 

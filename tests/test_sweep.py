@@ -67,6 +67,13 @@ def test_run_table_and_sentence(cache, monkeypatch):
     assert {"VQA vqa", "VQA majority", "learned", "knowledge change", "knowledge lo", "perplexity change", "S"} <= set(t)
     forced = t.assign(learned=[True, False])
     assert sweep.sentence(forced).startswith("m: learned at lr_lm 1e-05 of 1e-05, 0.001; the least knowledge lost at 1e-05")
+    assert "recipe's rate" not in sweep.sentence(forced)  # the best point is the recipe's
+    other = t.assign(learned=[True, True], recipe=[False, True])
+    other.loc[1, "knowledge change"] = -50.0
+    r = other.iloc[1]
+    assert sweep.sentence(other).endswith(
+        f", where the recipe's rate 0.001 reaches VQA 50.0 % with knowledge -50.0 [{r['knowledge lo']:+.1f}, "
+        f"{r['knowledge hi']:+.1f}] pt and perplexity {r['perplexity change']:+.2f}")
     assert "no swept rate learned" in sweep.sentence(t.assign(learned=False))
     shown = sweep.display(t).frame
     assert list(shown.index.get_level_values("stage-2 lr")) == ["1e-05 (recipe)", "0.001"]
