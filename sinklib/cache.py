@@ -139,25 +139,84 @@ class Checkpoint:
     meta: dict
 
 
-def load_checkpoint(path: str | Path, model: nn.Module) -> Checkpoint:
-    """Load a checkpoint into `model` (same architecture, loaded in place) and rebuild projector and encoder."""
-    from safetensors.torch import load_file, load_model
-
-    from .anatomy import device_dtype
-    from .vl.model import Projector, make_encoder
-
-    path = Path(path)
+def _checkpoint_info(path: Path, model: nn.Module) -> dict:
     if not checkpoint_exists(path):
         raise SinkbookError(f"no complete checkpoint in {path}; run the training (or save_checkpoint) first")
     info = json.loads((path / "meta.json").read_text())
     if info.get("model_class") != type(model).__name__:
         raise ParameterError(f"parameter 'model' is a {type(model).__name__} but the checkpoint in {path} holds a "
                              f"{info.get('model_class')}; load the base model it was trained from")
+    return info
+
+
+def checkpoint_stamp(path: str | Path) -> str:
+    """16 hex digits of the SHA-256 of a complete checkpoint's meta.json: it changes whenever the checkpoint is
+    written again (the training log inside holds the run's seconds), so results derived from the checkpoint's
+    weights can be cached under it."""
+    path = Path(path)
+    if not checkpoint_exists(path):
+        raise SinkbookError(f"no complete checkpoint in {path}; run the training (or save_checkpoint) first")
+    return hashlib.sha256((path / "meta.json").read_bytes()).hexdigest()[:16]
+
+
+def load_state(path: str | Path, model: nn.Module) -> dict:
+    """The LM state dict of a checkpoint, read from its file without touching `model` (which gives the
+    architecture: every key of `model.state_dict()`, tied keys sharing one tensor as in the model, on its
+    device). Equal to loading the checkpoint into `model` and copying its state dict."""
+    from safetensors.torch import _remove_duplicate_names, load_file
+
+    from .anatomy import device_dtype
+
+    path = Path(path)
+    _checkpoint_info(path, model)
+    dev, _ = device_dtype(model)
+    sd = load_file(str(path / "model.safetensors"), device=str(dev))
+    want = model.state_dict()
+    for kept, dropped in _remove_duplicate_names(want, preferred_names=list(sd)).items():
+        for k in dropped:  # save_model stored tied tensors once
+            if kept in sd:
+                sd[k] = sd[kept]
+    bad = sorted(set(want) ^ set(sd))[:5] or [k for k in want if want[k].shape != sd[k].shape][:5]
+    if bad:
+        raise ParameterError(f"the checkpoint in {path} does not fit parameter 'model' (keys or shapes differ, e.g. "
+                             f"{bad}); load the base model it was trained from")
+    return {k: sd[k] if sd[k].dtype == want[k].dtype else sd[k].to(want[k].dtype) for k in want}
+
+
+def state_gap(path: str | Path, model: nn.Module, other: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+              other_path: str | Path | None = None) -> float:
+    """Largest absolute weight difference between the checkpoint in `path` and the state dict `other` (or a
+    function that returns it, called only when the difference is not cached), over floating-point tensors; `model`
+    gives the architecture and is not changed. With `other_path` (the checkpoint `other` was read from) the result
+    is cached under both checkpoints' stamps, so a rerun reads neither."""
+    def compute() -> dict:
+        now = load_state(path, model)
+        ref = other() if callable(other) else other
+        return {"gap": max((float((now[k].double() - v.double()).abs().max()) for k, v in ref.items()
+                            if v.is_floating_point() and v.numel()), default=0.0)}
+
+    if other_path is None or not checkpoint_exists(other_path):
+        return compute()["gap"]
+    return cached_json({"what": "weight gap", "a": checkpoint_stamp(path), "b": checkpoint_stamp(other_path)},
+                       compute)["gap"]
+
+
+def load_checkpoint(path: str | Path, model: nn.Module, weights: bool = True) -> Checkpoint:
+    """Load a checkpoint into `model` (same architecture, loaded in place) and rebuild projector and encoder.
+    `weights=False`: projector, encoder and meta only; `model` keeps its weights (`load_state` reads them)."""
+    from safetensors.torch import load_file, load_model
+
+    from .anatomy import device_dtype
+    from .vl.model import Projector, make_encoder
+
+    path = Path(path)
+    info = _checkpoint_info(path, model)
     dev, dt = device_dtype(model)
-    try:
-        load_model(model, str(path / "model.safetensors"), strict=True, device=str(dev))
-    except RuntimeError as e:
-        raise ParameterError(f"the checkpoint in {path} does not fit parameter 'model': {str(e)[:300]}") from None
+    if weights:
+        try:
+            load_model(model, str(path / "model.safetensors"), strict=True, device=str(dev))
+        except RuntimeError as e:
+            raise ParameterError(f"the checkpoint in {path} does not fit parameter 'model': {str(e)[:300]}") from None
     projector = encoder = None
     if "projector" in info:
         projector = Projector(**info["projector"])
@@ -168,5 +227,6 @@ def load_checkpoint(path: str | Path, model: nn.Module) -> Checkpoint:
         if tensor_sha(encoder) != info["encoder_sha256"]:
             raise SinkbookError(f"the rebuilt vision encoder differs from the one saved in {path} (weights hash "
                                 "mismatch; a different torch version draws different random numbers); retrain")
-    model.eval()
+    if weights:
+        model.eval()
     return Checkpoint(model=model, projector=projector, encoder=encoder, meta=info.get("meta", {}))

@@ -379,16 +379,15 @@ def _text_only(res):
 
 
 def _seeds(doc: dict, model: str, condition: str) -> str:
-    """'; strict-format change over 3 training seeds: ...' from chapter 4's seed summary (empty where the model
-    has one training seed)."""
-    rows = [r for r in ((doc["results"].get("seeds") or {}).get("summary") or [])
-            if r["model"] == model and r["condition"] == condition and r["metric"] == "strict-format mean"]
-    if not rows:
-        return ""
-    r = rows[0]
-    return (f"; strict-format change over {r['seeds']} training seeds {num(r['mean change'], 1)} pt "
-            f"({num(r['min'], 1)} to {num(r['max'], 1)}), {r['seeds below zero']} of {r['seeds']} below zero, "
-            f"seed spread {'wider than' if r['seed spread exceeds effect'] else 'within'} the effect")
+    """'; strict-format change over 3 seeds: ...' from chapter 4's seed summary, worded by `seeds.verdict_note`
+    (empty where the model has one training seed)."""
+    import pandas as pd
+
+    from .seeds import verdict_note
+
+    summ = pd.DataFrame((doc["results"].get("seeds") or {}).get("summary") or [])
+    note = verdict_note(summ, model, condition, fmt=lambda v: num(v, 1))
+    return "" if note == "one training seed" else f"; strict-format change (pt) over {note}"
 
 
 def _format_step(doc: dict, model: str) -> str:

@@ -9,7 +9,7 @@ projector for VQA, so the cached evaluations of the pair itself are untouched.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,24 +79,23 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
     return dirs
 
 
-def final_matches(lm: Any, params: Mapping[str, Any], kind: str, pair_state: Mapping[str, torch.Tensor]) -> float:
+def final_matches(lm: Any, params: Mapping[str, Any], kind: str,
+                  pair_state: Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]]) -> float:
     """Largest absolute difference between the series' snapshot at the last stage-2 step and the pair's cached
-    state of `kind` (0.0: the rerun reproduced the pair exactly). `lm.model` ends holding its weights before."""
-    before = vl.clone_state_dict(lm.model)
-    try:
-        cache.load_checkpoint(snapshot_dir(params, kind, params["stage2_steps"]), lm.model)
-        now = lm.model.state_dict()
-        return max(float((now[k].double() - v.double()).abs().max()) if v.numel() else 0.0
-                   for k, v in pair_state.items() if v.is_floating_point())
-    finally:
-        lm.model.load_state_dict(before, strict=True)
+    state of `kind` (0.0: the rerun reproduced the pair exactly); `pair_state` may be a function that returns it.
+    Cached under both checkpoints' stamps (`cache.state_gap`); `lm.model` is not changed."""
+    from .pairs import condition_dir
+
+    return cache.state_gap(snapshot_dir(params, kind, params["stage2_steps"]), lm.model, pair_state,
+                           condition_dir(params, kind))
 
 
 def evaluate_series(lm: Any, pair: Any, kind: str, steps: Sequence[int], **evaluate_kwargs: Any) -> dict[int, dict]:
     """Each snapshot of `kind` at `steps` evaluated by `pairs.evaluate_condition` (cached under
     `snapshot_name(kind, step)` with the pair's parameters), VQA with the snapshot's projector; {step: evaluation}.
-    One snapshot is held in memory at a time; `lm.model` ends holding the base weights."""
-    from .pairs import Pair, evaluate_condition
+    A snapshot's weights are read only when its evaluation is not cached, one at a time; `lm.model` ends holding
+    the base weights."""
+    from .pairs import LazyStates, Pair, evaluate_condition
 
     out = {}
     for s in check_steps(pair.params, steps):
@@ -104,15 +103,13 @@ def evaluate_series(lm: Any, pair: Any, kind: str, steps: Sequence[int], **evalu
         if not cache.checkpoint_exists(d):
             raise ParameterError(f"no snapshot of {kind!r} at stage-2 step {s} for {pair.params['model']}: "
                                  "run `dose.train_series` with these steps first")
-        try:
-            ck = cache.load_checkpoint(d, lm.model)
-            name = snapshot_name(kind, s)
-            one = Pair(params=pair.params, states={"base": pair.states["base"], name: vl.clone_state_dict(lm.model)},
-                       projector=ck.projector if kind == "vl" else None, encoder=ck.encoder if kind == "vl" else None)
-            out[s] = evaluate_condition(lm, one, name, **evaluate_kwargs)
-        finally:
-            lm.model.load_state_dict(pair.states["base"], strict=True)
-            lm.model.eval()
+        ck = cache.load_checkpoint(d, lm.model, weights=False)
+        name = snapshot_name(kind, s)
+        states = LazyStates({"base": pair.states["base"]})
+        states.defer(name, lambda d=d: cache.load_state(d, lm.model))
+        one = Pair(params=pair.params, states=states, projector=ck.projector if kind == "vl" else None,
+                   encoder=ck.encoder if kind == "vl" else None)
+        out[s] = evaluate_condition(lm, one, name, **evaluate_kwargs)
     return out
 
 
@@ -160,7 +157,7 @@ def run(lm_by: Mapping[str, Any], built: Mapping[str, Any], steps: Sequence[int]
         b = built[name]
         for kind in KINDS:
             train_series(lm, b.params, kind, [*steps, b.params["stage2_steps"]], progress=progress)
-            gaps[f"{name} {CONDITION_LABELS[kind]}"] = final_matches(lm, b.params, kind, b.states[kind])
+            gaps[f"{name} {CONDITION_LABELS[kind]}"] = final_matches(lm, b.params, kind, lambda b=b, kind=kind: b.states[kind])
             for s, ev in evaluate_series(lm, b, kind, steps, vqa_n=vqa_n if kind == "vl" else 0,
                                          **per_model_kwargs(lm, evaluate_kwargs)).items():
                 evaluations[(name, snapshot_name(kind, s))] = ev

@@ -115,7 +115,9 @@ def evaluate_random_scaled(lm: Any, pair: Any, scales: Sequence[float], **evalua
     for k in scales:
         name = scaled_name(k)
         made = name not in pair.states
-        if made:
+        if made and hasattr(pair.states, "defer"):  # made only if its evaluation is not cached
+            pair.states.defer(name, lambda k=k: scaled_change(pair.states["base"], pair.states["random"], float(k)))
+        elif made:
             pair.states[name] = scaled_change(pair.states["base"], pair.states["random"], float(k))
         try:
             out[float(k)] = evaluate_condition(lm, pair, name, **evaluate_kwargs)
@@ -283,11 +285,9 @@ def random_sizes(lm_by: Mapping[str, Any], built: Mapping[str, Any], evaluations
     first, cached), add the evaluations to `evaluations` under `scaled_name(k)`, and return `random_curve` over
     1x and `scales` with each size's whole-model relative change (k x the VL change's). `evaluate_kwargs` go to
     `pairs.evaluate_condition`, with `last_k_layers` and `max_tokens` in place of `sink_kwargs` (`pairs.per_model_kwargs`)."""
-    from .pairs import per_model_kwargs
-    from .vl import relative_change_by_group
+    from .pairs import per_model_kwargs, relative_change
 
-    vl_size = {n: relative_change_by_group(b.states["base"], b.states["vl"], whole=True)[0]["relative change"]
-               for n, b in built.items()}
+    vl_size = {n: relative_change(b, "vl", whole=True)[0]["relative change"] for n, b in built.items()}
     for k in sorted(scales, reverse=True):
         for name, lm in lm_by.items():
             evaluations[(name, scaled_name(k))] = evaluate_random_scaled(

@@ -18,7 +18,7 @@ Conditions of one pair:
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ from .errors import ParameterError, ResultsMissing
 from .models import Loaded
 from .evals import COUNT_PARAMS
 from .models import MODEL_PARAMS
-from .params import COMMON, boolean, check_choice, check_float, check_int, choice, integer, list_of, number, optional, text
+from .params import (COMMON, Dependent, boolean, check_choice, check_float, check_int, check_list, choice, integer,
+                     list_of, number, optional, text)
 from .sink import prompt_count
 
 CONDITIONS = ("base", "vl", "text_only", "random")
@@ -76,12 +77,57 @@ def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
     return cache.checkpoint_dir(cache.key({**params, "kind": kind}))
 
 
+class LazyStates(MutableMapping):
+    """Condition -> LM state dict, where a condition may be given as a zero-argument function that makes its state
+    dict on first use (read from a cached checkpoint, or drawn): a rerun whose evaluations are all cached never
+    reads the weights. A dict in every other way; `ready(condition)` says whether a state is made already."""
+
+    def __init__(self, made: Mapping[str, dict] | None = None, **_: Any) -> None:
+        self._data: dict[str, Any] = dict(made or {})
+
+    def defer(self, condition: str, make: Callable[[], dict]) -> None:
+        """Make the state of `condition` by `make()` when it is first read."""
+        self._data[condition] = _Deferred(make)
+
+    def ready(self, condition: str) -> bool:
+        return not isinstance(self._data[condition], _Deferred)
+
+    def __getitem__(self, condition: str) -> dict:
+        v = self._data[condition]
+        if isinstance(v, _Deferred):
+            v = self._data[condition] = v.make()
+        return v
+
+    def __contains__(self, condition: object) -> bool:  # Mapping's would read the state
+        return condition in self._data
+
+    def __setitem__(self, condition: str, state: dict) -> None:
+        self._data[condition] = state
+
+    def __delitem__(self, condition: str) -> None:
+        del self._data[condition]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"LazyStates({', '.join(c + ('' if self.ready(c) else ' (not read yet)') for c in self._data)})"
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    make: Callable[[], dict]
+
+
 @dataclass
 class Pair:
     """State dicts of every condition of one base model, plus the VL projector/encoder and training logs."""
 
     params: dict
-    states: dict[str, dict[str, torch.Tensor]]            # condition -> LM state dict
+    states: MutableMapping[str, dict[str, torch.Tensor]]  # condition -> LM state dict (a dict or LazyStates)
     projector: Any
     encoder: Any
     logs: dict[str, dict] = field(default_factory=dict)   # condition -> meta (history, callbacks, budget, seconds)
@@ -112,56 +158,76 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
     model, tok = lm.model, lm.tokenizer
     params = dict(params)
     base_sd = vl.clone_state_dict(model)
-    states: dict[str, dict] = {"base": base_sd}
+    states = LazyStates({"base": base_sd})
     logs: dict[str, dict] = {}
     trained: dict[str, bool] = {}
+    projector = encoder = None
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
                   schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every, progress=progress)
 
-    path = condition_dir(params, "vl")
-    if cache.checkpoint_exists(path) and not retrain:
-        ck = cache.load_checkpoint(path, model)
-        projector, encoder, logs["vl"] = ck.projector, ck.encoder, ck.meta
-        trained["vl"] = False
-    else:
-        res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
-                          lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
-                          lr_projector_stage2=params.get("lr_projector_stage2"), **common)
-        projector, encoder, logs["vl"] = res.projector, res.encoder, _meta_of(res)
-        cache.save_checkpoint(path, model, projector, encoder, meta=logs["vl"])
-        trained["vl"] = True
-    states["vl"] = vl.clone_state_dict(model)
-
-    model.load_state_dict(base_sd, strict=True)
-    path = condition_dir(params, "text_only")
-    if cache.checkpoint_exists(path) and not retrain:
-        logs["text_only"] = cache.load_checkpoint(path, model).meta
-        trained["text_only"] = False
-    else:
-        res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
-        logs["text_only"] = _meta_of(res)
-        cache.save_checkpoint(path, model, meta=logs["text_only"])
-        trained["text_only"] = True
-    states["text_only"] = vl.clone_state_dict(model)
-
-    for kind in extra:  # the format-preserving control: one-word answers written as sentences
-        model.load_state_dict(base_sd, strict=True)
+    for kind in ("vl", "text_only", *extra):
         path = condition_dir(params, kind)
-        if cache.checkpoint_exists(path) and not retrain:
-            logs[kind] = cache.load_checkpoint(path, model).meta
+        if cache.checkpoint_exists(path) and not retrain:  # its weights are read when first needed
+            ck = cache.load_checkpoint(path, model, weights=False)
+            logs[kind] = ck.meta
+            if kind == "vl":
+                projector, encoder = ck.projector, ck.encoder
+            states.defer(kind, lambda path=path: cache.load_state(path, model))
             trained[kind] = False
-        else:
+            continue
+        model.load_state_dict(base_sd, strict=True)
+        if kind == "vl":
+            res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
+                              lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
+                              lr_projector_stage2=params.get("lr_projector_stage2"), **common)
+            projector, encoder = res.projector, res.encoder
+        else:  # text_sentence: the format-preserving control, one-word answers written as sentences
             res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"],
-                                     answer_style="sentence", **common)
-            logs[kind] = _meta_of(res)
-            cache.save_checkpoint(path, model, meta=logs[kind])
-            trained[kind] = True
+                                     answer_style="sentence" if kind == "text_sentence" else "word", **common)
+        logs[kind] = _meta_of(res)
+        cache.save_checkpoint(path, model, projector if kind == "vl" else None, encoder if kind == "vl" else None,
+                              meta=logs[kind])
+        trained[kind] = True
         states[kind] = vl.clone_state_dict(model)
 
-    states["random"] = vl.random_direction_like(base_sd, states["vl"], seed=params["seed"])
+    states.defer("random", lambda: vl.random_direction_like(base_sd, states["vl"], seed=params["seed"]))
     model.load_state_dict(base_sd, strict=True)
     model.eval()
     return Pair(params=params, states=states, projector=projector, encoder=encoder, logs=logs, trained_now=trained)
+
+
+def _stamps(params: Mapping[str, Any], condition: str) -> dict | None:
+    """The checkpoint stamps a condition's weights derive from (None: a condition with no cached checkpoint)."""
+    kinds = {"random": ("vl",)}.get(condition, (condition,))
+    if any(k not in TRAINED or not cache.checkpoint_exists(condition_dir(params, k)) for k in kinds):
+        return None
+    return {k: cache.checkpoint_stamp(condition_dir(params, k)) for k in kinds}
+
+
+def relative_change(pair: Pair, condition: str, *, whole: bool = False) -> list[dict]:
+    """`vl.relative_change_by_group` of one condition against the pair's base: rows {group, tensors, parameters,
+    relative change, largest tensor}. Cached under the stamps of the checkpoints it comes from (the random control:
+    the VL checkpoint and the pair's seed), so a rerun reads no weights; conditions without a checkpoint are
+    computed each time."""
+    if condition not in pair.states or condition == "base":
+        raise ParameterError(f"parameter 'condition' got {condition!r}; allowed: "
+                             f"{', '.join(c for c in pair.states if c != 'base')}")
+
+    def compute() -> dict:
+        return {"rows": vl.relative_change_by_group(pair.states["base"], pair.states[condition], whole=whole)}
+
+    stamps = _stamps(pair.params, condition)
+    if stamps is None:
+        return compute()["rows"]
+    return cache.cached_json({"what": "relative change", "pair": dict(pair.params), "condition": condition,
+                              "whole": bool(whole), "checkpoints": stamps}, compute)["rows"]
+
+
+def weight_change(built: Mapping[str, Pair], conditions: Sequence[str] = ("vl", "text_only", "random")) -> pd.DataFrame:
+    """Chapter 4's weight-change rows: per model, condition and tensor group, `relative_change` (columns model,
+    condition, group, tensors, parameters, relative change, largest tensor)."""
+    return pd.DataFrame([{"model": n, "condition": c, **r} for n, b in built.items() for c in conditions
+                         for r in relative_change(b, c)])
 
 
 def runtime_rows(model: str, logs: Mapping[str, Mapping[str, Any]], suffix: str = "") -> list[dict]:
@@ -437,6 +503,21 @@ def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
 # ---------------------------------------------------------------------------------------
 # the parameters of chapter 4 (the recipe's ranges are those of pair_params)
 
+def models_subset(allow_none: bool = True, min_len: int = 1) -> Dependent:
+    """A list of model names, each one of the notebook's `models` (None too where `allow_none`: every model): a
+    misspelt name is an error, never a condition silently skipped."""
+    def check(name: str, value: Any, checked: dict) -> list[str] | None:
+        if value is None and allow_none:
+            return None
+        out = check_list(name, value, item_check=text(), min_len=min_len)
+        unknown = [m for m in out if m not in checked["models"]]
+        if unknown:
+            raise ParameterError(f"parameter {name!r} names {unknown}, which are not in 'models' "
+                                 f"({checked['models']}); use names from 'models'")
+        return out
+    return Dependent(check)
+
+
 CHAPTER4_PARAMS = {
     **MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
     "stage1_steps": integer(0, 10**6),
@@ -445,10 +526,12 @@ CHAPTER4_PARAMS = {
     "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
     "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
     **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
-    "format_models": optional(list_of(text(), min_len=0)), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
-    "random_models": optional(list_of(text())),
-    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": optional(list_of(text())),
-    "extra_seeds": list_of(integer(0, 10**9), min_len=0), "seed_models": optional(list_of(text())), **COMMON}
+    "format_models": models_subset(min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
+    "random_models": models_subset(),
+    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": models_subset(),
+    "extra_seeds": list_of(integer(0, 10**9), min_len=0), "seed_models": models_subset(),
+    "sweep_models": models_subset(allow_none=False, min_len=0), "sweep_lrs": list_of(number(1e-9, 1.0), min_len=0),
+    **COMMON}
 
 
 def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:

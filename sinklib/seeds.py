@@ -10,7 +10,7 @@ paired against the one base evaluation. Seed s's conditions are stored in the ch
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -143,15 +143,17 @@ def display(summ: pd.DataFrame):
                         + SCORE_LEGEND)
 
 
-def verdict_note(summ: pd.DataFrame, model: str, condition: str, metric: str = "strict-format mean") -> str:
-    """For a verdict table: the change of `condition` over the training seeds on `metric` and whether the seed
-    spread exceeds it ('one training seed' where the model has no extra seeds)."""
+def verdict_note(summ: pd.DataFrame, model: str, condition: str, metric: str = "strict-format mean",
+                 fmt: Callable[[float], str] = "{:+.1f}".format) -> str:
+    """For a verdict table (and the claims page): the change of `condition` over the training seeds on `metric`
+    and whether the seed spread exceeds it ('one training seed' where the model has no extra seeds); `fmt`
+    writes each number (the claims page passes its own, with the true minus sign)."""
     sub = summ[(summ.model == model) & (summ.condition == condition) & (summ.metric == metric)] if len(summ) else summ
     if not len(sub):
         return "one training seed"
     r = sub.iloc[0]
-    return (f"{int(r.seeds)} seeds: {r['mean change']:+.1f} ({r['min']:+.1f} to {r['max']:+.1f}), "
-            f"{int(r['seeds below zero'])} below zero; {_spread(r)}")
+    return (f"{int(r.seeds)} seeds: {fmt(r['mean change'])} ({fmt(r['min'])} to {fmt(r['max'])}), "
+            f"{int(r['seeds below zero'])} of {int(r.seeds)} below zero, {_spread(r)}")
 
 
 def _spread(r: Mapping[str, Any]) -> str:

@@ -12,7 +12,7 @@ touched.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +89,12 @@ def train_point(lm: Any, params: Mapping[str, Any], *, progress: bool = False) -
     return d
 
 
-def point_matches(lm: Any, params: Mapping[str, Any], vl_state: Mapping[str, Any]) -> float:
+def point_matches(lm: Any, params: Mapping[str, Any], vl_state: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+                  vl_path: str | Path | None = None) -> float:
     """Largest absolute weight difference between a trained sweep point and a VL state of the same recipe (0.0:
-    the sweep reproduced it). `lm.model` ends holding its weights before."""
-    before = vl.clone_state_dict(lm.model)
-    try:
-        cache.load_checkpoint(point_dir(params), lm.model)
-        now = lm.model.state_dict()
-        return max(float((now[k].double() - v.double()).abs().max()) for k, v in vl_state.items()
-                   if v.is_floating_point() and v.numel())
-    finally:
-        lm.model.load_state_dict(before, strict=True)
+    the sweep reproduced it); `vl_state` may be a function that returns it, and with `vl_path` (its checkpoint)
+    the result is cached (`cache.state_gap`). `lm.model` is not changed."""
+    return cache.state_gap(point_dir(params), lm.model, vl_state, vl_path)
 
 
 def point_name(lr_lm: float) -> str:
@@ -113,7 +108,7 @@ def run(lm: Any, params: Mapping[str, Any], lrs: Sequence[float], *, eval_n: Map
     """Train and evaluate every sweep point of one model: {'base': evaluation, point_name(lr): evaluation} with
     the suites of `SUITES` (sizes from `eval_n`), S and, for the points, held-out VQA; cached. The base is
     evaluated under the sweep's key too (the same items)."""
-    from .pairs import Pair, evaluate_condition
+    from .pairs import LazyStates, Pair, evaluate_condition
 
     if not lrs:
         raise ParameterError("parameter 'lrs' is empty; give the stage-2 learning rates to sweep, e.g. [1e-5, 5e-5]")
@@ -126,13 +121,10 @@ def run(lm: Any, params: Mapping[str, Any], lrs: Sequence[float], *, eval_n: Map
     for lr in lrs:
         pp = point_params(params, lr)
         d = train_point(lm, pp, progress=progress)
-        try:
-            ck = cache.load_checkpoint(d, lm.model)
-            one = Pair(params=pp, states={"base": base, "vl": vl.clone_state_dict(lm.model)}, projector=ck.projector,
-                       encoder=ck.encoder)
-        finally:
-            lm.model.load_state_dict(base, strict=True)
-            lm.model.eval()
+        ck = cache.load_checkpoint(d, lm.model, weights=False)  # the weights are read only if not evaluated yet
+        states = LazyStates({"base": base})
+        states.defer("vl", lambda d=d: cache.load_state(d, lm.model))
+        one = Pair(params=pp, states=states, projector=ck.projector, encoder=ck.encoder)
         out[point_name(lr)] = evaluate_condition(lm, one, "vl", vqa_n=vqa_n, **kw)
     return out
 
@@ -175,8 +167,52 @@ def sentence(t: pd.DataFrame) -> str:
             parts.append(f"{m}: no swept rate learned the task (VQA interval above the majority answer)")
             continue
         best = ok.loc[ok["knowledge change"].idxmax()]
-        parts.append(f"{m}: learned at lr_lm {', '.join(f'{x:g}' for x in ok.lr_lm)} of "
-                     f"{', '.join(f'{x:g}' for x in g.lr_lm)}; the least knowledge lost at {best.lr_lm:g} "
-                     f"(VQA {best['VQA vqa']:.1f} % vs majority {best['VQA majority']:.1f} %, knowledge "
-                     f"{interval_cell(best['knowledge change'], best['knowledge lo'], best['knowledge hi'])} pt)")
+        text = (f"{m}: learned at lr_lm {', '.join(f'{x:g}' for x in ok.lr_lm)} of "
+                f"{', '.join(f'{x:g}' for x in g.lr_lm)}; the least knowledge lost at {best.lr_lm:g} "
+                f"(VQA {best['VQA vqa']:.1f} % vs majority {best['VQA majority']:.1f} %, knowledge "
+                f"{interval_cell(best['knowledge change'], best['knowledge lo'], best['knowledge hi'])} pt)")
+        rec = g[g.recipe]
+        if len(rec) and not bool(rec.iloc[0].recipe and rec.iloc[0].lr_lm == best.lr_lm):
+            r = rec.iloc[0]
+            text += (f", where the recipe's rate {r.lr_lm:g} reaches VQA {r['VQA vqa']:.1f} % with knowledge "
+                     f"{interval_cell(r['knowledge change'], r['knowledge lo'], r['knowledge hi'])} pt and perplexity "
+                     f"{r['perplexity change']:+.2f}")
+        parts.append(text)
     return "; ".join(parts)
+
+
+def display(t: pd.DataFrame):
+    """`table` as chapter 4 shows it: per model and stage-2 rate, VQA [Wilson 95 %] against the majority answer,
+    whether the task was learned, the paired knowledge and perplexity changes [95 %] and S; the recipe's rate
+    marked."""
+    from .pairs import interval_cell
+    from .plots import Table
+
+    rows = [{"model": r.model, "stage-2 lr": f"{r.lr_lm:g}" + (" (recipe)" if r.recipe else ""),
+             "VQA % [95 %]": f"{r['VQA vqa']:.1f} [{r['VQA vqa_lo']:.1f}, {r['VQA vqa_hi']:.1f}]",
+             "majority %": round(r["VQA majority"], 1), "learned": "yes" if r.learned else "no",
+             "knowledge change (pt)": interval_cell(r["knowledge change"], r["knowledge lo"], r["knowledge hi"]),
+             "perplexity change": f"{r['perplexity change']:+.2f} [{r['perplexity lo']:+.2f}, {r['perplexity hi']:+.2f}]",
+             "S": round(r.S, 3)} for _, r in t.iterrows()]
+    return Table(pd.DataFrame(rows).set_index(["model", "stage-2 lr"]),
+                 "Stage-2 learning-rate sweep from one cached stage-1 projector: held-out VQA with its Wilson 95 % "
+                 "interval against the blind majority answer ('learned': the interval lies above it), and the "
+                 "paired changes from the base model [95 % bootstrap] of knowledge accuracy and perplexity.")
+
+
+def chapter(lm_by: Mapping[str, Any], built: Mapping[str, Any], lrs: Sequence[float], *, seed: int, image_size: int,
+            progress: bool = False, **evaluate_kwargs: Any) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Chapter 4's sweep for every model of `lm_by` from its pair's parameters (`built[model].params`): (`table`
+    with the recipe's rate marked, {model: `point_matches` of the point at the recipe's rates against the pair's VL
+    model}, the latter only where the sweep holds that point). `evaluate_kwargs` go to `run`, with
+    `last_k_layers` and `max_tokens` in place of `sink_kwargs` (`pairs.per_model_kwargs`)."""
+    from .pairs import condition_dir, per_model_kwargs
+
+    res, gaps = {}, {}
+    for name, lm in lm_by.items():
+        b = built[name]
+        res[name] = run(lm, b.params, lrs, seed=seed, progress=progress, **per_model_kwargs(lm, evaluate_kwargs))
+        own = point_params(b.params, b.params["lr_lm"])
+        if own == dict(b.params) and any(abs(float(lr) - own["lr_lm"]) < 1e-15 for lr in lrs):
+            gaps[name] = point_matches(lm, own, lambda b=b: b.states["vl"], condition_dir(b.params, "vl"))
+    return table(res, seed=seed, image_size=image_size, recipe={n: built[n].params["lr_lm"] for n in lm_by}), gaps

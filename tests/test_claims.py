@@ -446,9 +446,9 @@ def test_claims_5a_6a_6b_say_the_seed_spread(monkeypatch):
                                          ("random", 0.5, -1.0, 2.0, 0, True))]}
     _fake(monkeypatch, {C4: doc})
     ours = {cid: claims.evaluate(BY_ID[cid]).row.ours for cid in ("5a", "6a", "6b")}
-    assert ("pt; strict-format change over 3 training seeds −2.0 pt (−6.0 to +3.0), 1 of 3 below zero, seed "
-            "spread wider than the effect;") in ours["5a"][0]
-    assert "over 3 training seeds −20.0 pt (−22.0 to −18.0), 3 of 3 below zero, seed spread within the effect" \
-        in ours["6a"][0]
-    assert "over 3 training seeds +0.5 pt" in ours["6b"][0]
+    assert ("pt; strict-format change (pt) over 3 seeds: −2.0 (−6.0 to +3.0), 1 of 3 below zero, the seed "
+            "spread exceeds the effect;") in ours["5a"][0]
+    assert ("over 3 seeds: −20.0 (−22.0 to −18.0), 3 of 3 below zero, the seed spread is smaller than the effect"
+            in ours["6a"][0])
+    assert "(pt) over 3 seeds: +0.5 (−1.0 to +2.0)" in ours["6b"][0]
     assert all("seeds" not in o[1] for o in ours.values())  # model B has one training seed: no clause

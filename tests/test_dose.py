@@ -35,6 +35,13 @@ def test_series_reproduces_the_pair_and_is_cached(cache):
         mtime = {s: (d / "meta.json").stat().st_mtime_ns for s, d in dirs.items()}
         again = dose.train_series(lm, _params(), kind, [1, 3])  # cached: nothing retrained
         assert {s: (d / "meta.json").stat().st_mtime_ns for s, d in again.items()} == mtime
+    # the gap is cached under both checkpoints' stamps: a rerun reads neither
+    real = sk_cache.load_state
+    sk_cache.load_state = lambda *a: pytest.fail("read again")
+    try:
+        assert dose.final_matches(lm, _params(), "vl", lambda: pytest.fail("read again")) == 0.0
+    finally:
+        sk_cache.load_state = real
     early = sk_cache.load_checkpoint(dose.snapshot_dir(_params(), "vl", 1), lm.model)
     assert early.projector is not None
     k = "model.layers.0.self_attn.q_proj.weight"

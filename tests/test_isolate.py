@@ -114,10 +114,21 @@ def test_chapter4_checks_the_new_parameters():
     assert check("random_scales", [0.5, 2]) == [0.5, 2.0] and check("random_scales", []) == []
     with pytest.raises(ParameterError, match=r"random_scales\[1\]"):
         check("random_scales", [2, 0])
-    fm = pairs.CHAPTER4_PARAMS["format_models"]
-    assert fm("format_models", None) is None and fm("format_models", []) == [] and fm("format_models", "a") == ["a"]
+    fm = pairs.CHAPTER4_PARAMS["format_models"].fn
+    ok = {"models": ["a", "b"]}
+    assert fm("format_models", None, ok) is None and fm("format_models", [], ok) == []
+    assert fm("format_models", "a", ok) == ["a"]
     with pytest.raises(ParameterError, match=r"format_models\[0\]"):
-        fm("format_models", [""])
+        fm("format_models", [""], ok)
+    for name in ("format_models", "random_models", "dose_models", "seed_models", "sweep_models"):
+        with pytest.raises(ParameterError, match=rf"'{name}' names \['A'\], which are not in 'models'"):
+            pairs.CHAPTER4_PARAMS[name].fn(name, ["a", "A"], ok)  # a misspelt name is never skipped silently
+    sm_ = pairs.CHAPTER4_PARAMS["sweep_models"].fn
+    assert sm_("sweep_models", [], ok) == []
+    with pytest.raises(ParameterError, match="sweep_models"):
+        sm_("sweep_models", None, ok)
+    with pytest.raises(ParameterError, match=r"sweep_lrs\[0\]"):
+        pairs.CHAPTER4_PARAMS["sweep_lrs"]("sweep_lrs", [0.0])
 
 
 def test_sink_text_rows_and_correlation():
@@ -175,6 +186,7 @@ def test_random_sizes_evaluates_each_size_per_model_and_plots(monkeypatch):
     monkeypatch.setattr(pairs, "sink_settings", lambda model, k, t: {"last_k_layers": k, "max_tokens": t})
 
     class P:
+        params = {"model": "m", "seed": 0}  # no cached checkpoint: the weight change is computed
         states = {"base": {"w": torch.ones(2, 2)}, "vl": {"w": torch.ones(2, 2) * 1.1},
                   "random": {"w": torch.ones(2, 2) * 0.9}}
     evs = {("m", "base"): _ev(0, 0.6, 0.6, 0.6), ("m", "random"): _ev(0, 0.6, 0.6, 0.6)}

@@ -305,3 +305,66 @@ def test_panel_rows_take_each_models_base_S_and_vl_changes():
     lm = type("LM", (), {"qk_norm": "none"})()
     rows = pairs.panel_rows({"m": lm}, S, deltas)
     assert rows == [pairs.panel_row("m", 0.5, "none", deltas[deltas.condition == "vl"].set_index("metric").change)]
+
+
+def test_a_cached_pair_reads_its_weights_only_when_used(cache, monkeypatch):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    base = vl.clone_state_dict(lm.model)
+    first = pairs.build_pair(lm, _params(), progress=False)
+    assert first.states.ready("vl") and not first.states.ready("random")  # trained now: held; random drawn on use
+    _ = first.states["random"]
+    reads, draws = [], []
+    real_read, real_draw = sk_cache.load_state, vl.random_direction_like
+    monkeypatch.setattr(sk_cache, "load_state", lambda path, model: reads.append(path) or real_read(path, model))
+    monkeypatch.setattr(vl, "random_direction_like", lambda *a, **k: draws.append(1) or real_draw(*a, **k))
+    again = pairs.build_pair(lm, _params(), progress=False)
+    assert reads == [] and draws == [] and again.projector is not None and again.encoder is not None
+    assert not again.states.ready("vl") and again.states.ready("base") and "not read yet" in repr(again.states)
+    for cond in ("vl", "text_only", "random"):  # read (or drawn) on first use: equal to the trained pair's
+        assert set(again.states[cond]) == set(first.states[cond])
+        assert all(torch.equal(again.states[cond][k], v) for k, v in first.states[cond].items())
+    assert len(reads) == 2 and draws == [1]
+    _ = again.states["vl"]
+    assert len(reads) == 2  # read once
+    for k, v in base.items():  # reading never changes the model
+        assert torch.equal(lm.model.state_dict()[k], v)
+    emb, head = "model.embed_tokens.weight", "lm_head.weight"
+    if lm.model.config.tie_word_embeddings:  # tied keys share one tensor, as in clone_state_dict
+        assert again.states["vl"][emb] is again.states["vl"][head]
+    again.states["extra"] = base
+    del again.states["extra"]
+    assert list(again.states) == ["base", "vl", "text_only", "random"]
+
+
+def test_load_state_checks_the_architecture(cache):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    pairs.build_pair(lm, _params(), progress=False)
+    other = tiny_model("qwen3", seed=0)
+    with pytest.raises(ParameterError, match="base model it was trained from"):
+        sk_cache.load_state(pairs.condition_dir(_params(), "vl"), other.model)
+    with pytest.raises(Exception, match="no complete checkpoint"):
+        sk_cache.load_state(cache / "nothing", lm.model)
+    stamp = sk_cache.checkpoint_stamp(pairs.condition_dir(_params(), "vl"))
+    assert len(stamp) == 16 and stamp != sk_cache.checkpoint_stamp(pairs.condition_dir(_params(), "text_only"))
+
+
+def test_relative_change_is_cached_under_the_checkpoints(cache, monkeypatch):
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    p = pairs.build_pair(lm, _params(), progress=False)
+    table = pairs.weight_change({"tiny": p})
+    assert set(table.condition) == {"vl", "text_only", "random"}
+    exact = vl.relative_change_by_group(p.states["base"], p.states["text_only"])
+    got = table[table.condition == "text_only"].drop(columns=["model", "condition"]).to_dict("records")
+    assert [r["group"] for r in got] == [r["group"] for r in exact]
+    assert [r["relative change"] for r in got] == pytest.approx([r["relative change"] for r in exact])
+    whole = pairs.relative_change(p, "vl", whole=True)
+    assert len(whole) == 1 and whole[0]["group"] == "whole model"
+    monkeypatch.setattr(vl, "relative_change_by_group", lambda *a, **k: pytest.fail("recomputed"))
+    again = pairs.build_pair(lm, _params(), progress=False)
+    assert pairs.weight_change({"tiny": again}).equals(table)  # from the cache: no weights read
+    assert not again.states.ready("vl") and not again.states.ready("random")
+    with pytest.raises(ParameterError, match="condition"):
+        pairs.relative_change(again, "base")

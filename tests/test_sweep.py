@@ -37,6 +37,10 @@ def test_point_at_the_recipe_rates_is_the_pairs_vl_model(cache):
     slow = sweep.point_params(_params(), _params()["lr_lm"] / 10)
     sweep.train_point(lm, slow)
     assert sweep.point_matches(lm, slow, pair.states["vl"]) > 0.0
+    vl_dir = pairs.condition_dir(_params(), "vl")  # with the checkpoint's folder the gap is cached
+    assert sweep.point_matches(lm, _params(), lambda: pair.states["vl"], vl_dir) == 0.0
+    gap = sweep.point_matches(lm, slow, pair.states["vl"], vl_dir)
+    assert sweep.point_matches(lm, slow, lambda: pytest.fail("read again"), vl_dir) == gap > 0.0
     mtime = (d1 / "meta.json").stat().st_mtime_ns
     sweep.train_point(lm, sweep.point_params(_params(), 1e-3))  # stage 1 is reused
     assert (d1 / "meta.json").stat().st_mtime_ns == mtime
@@ -63,7 +67,37 @@ def test_run_table_and_sentence(cache, monkeypatch):
     assert {"VQA vqa", "VQA majority", "learned", "knowledge change", "knowledge lo", "perplexity change", "S"} <= set(t)
     forced = t.assign(learned=[True, False])
     assert sweep.sentence(forced).startswith("m: learned at lr_lm 1e-05 of 1e-05, 0.001; the least knowledge lost at 1e-05")
+    assert "recipe's rate" not in sweep.sentence(forced)  # the best point is the recipe's
+    other = t.assign(learned=[True, True], recipe=[False, True])
+    other.loc[1, "knowledge change"] = -50.0
+    r = other.iloc[1]
+    assert sweep.sentence(other).endswith(
+        f", where the recipe's rate 0.001 reaches VQA 50.0 % with knowledge -50.0 [{r['knowledge lo']:+.1f}, "
+        f"{r['knowledge hi']:+.1f}] pt and perplexity {r['perplexity change']:+.2f}")
     assert "no swept rate learned" in sweep.sentence(t.assign(learned=False))
+    shown = sweep.display(t).frame
+    assert list(shown.index.get_level_values("stage-2 lr")) == ["1e-05 (recipe)", "0.001"]
+    assert shown["learned"].tolist() == ["no", "no"] and "majority %" in shown
     with pytest.raises(ParameterError, match="lrs"):
         sweep.run(lm, _params(), [], eval_n={}, seed=0, prompts=[], sink_kwargs={}, vqa_n=1)
     assert isinstance(t, pd.DataFrame)
+
+
+def test_chapter_sweeps_each_model_and_checks_the_recipe_point(cache, monkeypatch):
+    lm = _lm()
+    pair = pairs.build_pair(lm, _params(), progress=False)
+    seen = []
+
+    def fake(lm_, p, condition, **kw):
+        seen.append((condition, p.params["lr_lm"], kw["sink_kwargs"]))
+        return {**_ev(len(seen), 0.5, 0.5, 0.5), "S": 0.0, "vqa": [0.75, 4] if condition == "vl" else None}
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    monkeypatch.setattr(pairs, "sink_settings", lambda model, k, t: {"last_k_layers": k, "max_tokens": t})
+    lr = _params()["lr_lm"]
+    t, gaps = sweep.chapter({"m": lm}, {"m": pair}, [lr, lr * 4], seed=0, image_size=48, eval_n={"knowledge": 4},
+                            prompts=["a b"], vqa_n=4, last_k_layers=2, max_tokens=16)
+    assert gaps == {"m": 0.0}  # the point at the recipe's rates is the pair's VL model, exactly
+    assert list(t.recipe) == [True, False] and all(s[2] == {"last_k_layers": 2, "max_tokens": 16} for s in seen)
+    _, gaps = sweep.chapter({"m": lm}, {"m": pair}, [lr * 4], seed=0, image_size=48, eval_n={"knowledge": 4},
+                            prompts=["a b"], vqa_n=4, last_k_layers=2, max_tokens=16)
+    assert gaps == {}  # no point at the recipe's rate: nothing to compare
