@@ -324,10 +324,11 @@ def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
 def plot_sink_text(rows: pd.DataFrame):
     """Figure 4.7: per model, the change of the strict-format mean (circles) and of the knowledge score (squares)
     against the change of the last-K sink mass, one point per adapted condition of `sink_text_rows`. Trained
-    conditions are labelled (`seeds.label`); the random controls (every size and seed), which crowd near the
+    conditions are labelled once per condition at the mean of its training seeds (`seeds.label`, with the number
+    of seeds); the random controls (every size and seed), which crowd near the
     origin, are drawn hollow and unlabelled."""
     from . import plots
-    from .seeds import label
+    from .seeds import label, parse_name
 
     models = list(dict.fromkeys(rows.model))
     fig, axes = plots.subplots(1, len(models), height=3.6)
@@ -342,8 +343,10 @@ def plot_sink_text(rows: pd.DataFrame):
                        **({"color": "C0"} if fill else {"facecolors": "none", "edgecolors": "C0"}))
             ax.scatter(x, r[sel]["knowledge acc change"], marker="s", label=f"{tag}knowledge",
                        **({"color": "C2"} if fill else {"facecolors": "none", "edgecolors": "C2"}))
-        for _, row in r[~rnd].iterrows():
-            ax.annotate(label(row.condition), (row["sink mass change"], row["strict-format mean change"]),
+        trained = r[~rnd].assign(kind=[parse_name(c)[0] for c in r[~rnd].condition])
+        for kind, g in trained.groupby("kind", sort=False):  # one label per condition, its seeds together
+            ax.annotate(label(kind) + (f" ({len(g)} seeds)" if len(g) > 1 else ""),
+                        (g["sink mass change"].mean(), g["strict-format mean change"].mean()),
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="k", lw=0.6)
         ax.axvline(0, color="k", lw=0.6)

@@ -205,6 +205,7 @@ def test_plot_sink_text_labels_every_condition():
                          "knowledge acc change": [0.0, 1.0, -1.0]})
     fig = isolate.plot_sink_text(rows)
     assert [ax.get_title() for ax in fig.axes] == ["m", "n"]
-    assert [t.get_text() for t in fig.axes[0].texts] == ["VL", "VL s2"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["VL (2 seeds)"]  # one label per condition
+    assert fig.axes[0].texts[0].xy == (pytest.approx(-0.05), pytest.approx(-1.0))  # at the seeds' mean
     assert [t.get_text() for t in fig.axes[1].texts] == []  # random controls are hollow and unlabelled
     assert len(fig.axes[1].collections) == 2 and len(fig.axes[0].collections) == 2
