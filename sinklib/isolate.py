@@ -228,14 +228,45 @@ def sink_text_correlation(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-
     return pd.DataFrame(out)
 
 
-def correlation_sentence(corr: pd.DataFrame) -> str:
-    """'model: strict-format mean rho +0.50 (p 0.27, n 8), knowledge rho ... ' for each row group."""
+# the sign of rho (sink mass change vs score change) that "the format goes with the sink" predicts, per metric
+PREDICTED_SIGN = {"strict-format mean": +1}
+
+
+def correlation_sentence(corr: pd.DataFrame, level: float = 0.05) -> str:
+    """'model: strict-format mean rho +0.50 (p 0.270, n 8; within chance), knowledge rho ... ' for each row group.
+    Each rho is read against `level`: 'within chance', or outside it with its sign, and for a metric with a
+    predicted sign (`PREDICTED_SIGN`: less sink mass, less strict format) whether that is the predicted sign."""
+    def reading(r) -> str:
+        if not r.p <= level:
+            return "within chance"
+        sign = 1 if r.rho > 0 else -1
+        word = "positive" if sign > 0 else "negative"
+        want = PREDICTED_SIGN.get(r.metric)
+        if want is None:
+            return f"{word}, outside chance"
+        return f"{word}, {'the sign the mechanism predicts' if sign == want else 'the opposite of the sign the mechanism predicts'}"
+
     parts = []
     for m, g in corr.groupby("model", sort=False):
-        cells = [f"{r.metric.replace(' acc', '')} rho {r.rho:+.2f} (p {r.p:.2f}, n {r.n})" if r.rho == r.rho
+        cells = [f"{r.metric.replace(' acc', '')} rho {r.rho:+.2f} (p {r.p:.3f}, n {r.n}; {reading(r)})" if r.rho == r.rho
                  else f"{r.metric.replace(' acc', '')}: no rho (a side is constant or n < 3)" for r in g.itertuples()]
         parts.append(f"{m}: " + ", ".join(cells))
     return "; ".join(parts)
+
+
+def critical_sentence(rows: pd.DataFrame, level: float = 0.05) -> str:
+    """How large a rho must be to give p < `level` for each model's number of adapted conditions in `rows`
+    (`sink_text_rows`): '14 conditions (smollm2-135m) a rho must reach 0.54 in size (random orderings), ...'."""
+    parts = []
+    for m, n in rows.groupby("model", sort=False).size().items():
+        n = int(n)
+        crit = critical_rho(n, level) if n >= 3 else float("nan")
+        if crit == crit:
+            parts.append(f"{n} conditions ({m}) a rho must reach {crit:.2f} in size to give p < {level:g}"
+                         + (" (exact test)" if n <= 8 else " (random orderings)"))
+        else:
+            parts.append(f"{n} conditions ({m}) no rho reaches p < {level:g} in the exact test")
+    return ", and with ".join(parts)
 
 
 def critical_rho(n: int, level: float = 0.05) -> float:

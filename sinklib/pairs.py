@@ -503,6 +503,11 @@ def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
 # ---------------------------------------------------------------------------------------
 # the parameters of chapter 4 (the recipe's ranges are those of pair_params)
 
+def or_recipe(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """`vl.FROM_RECIPE` ('recipe': each model's value from `vl.recipe_for`), or a value that passes `check`."""
+    return lambda name, value: value if value == vl.FROM_RECIPE else check(name, value)
+
+
 def models_subset(allow_none: bool = True, min_len: int = 1) -> Dependent:
     """A list of model names, each one of the notebook's `models` (None too where `allow_none`: every model): a
     misspelt name is an error, never a condition silently skipped."""
@@ -522,7 +527,7 @@ CHAPTER4_PARAMS = {
     **MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
     "stage1_steps": integer(0, 10**6),
     "stage2_steps": integer(1, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
-    "lr_lm": number(0.0, 1.0), "lr_projector_stage2": optional(number(0.0, 1.0)), "schedule": choice(vl.SCHEDULES),
+    "lr_lm": or_recipe(number(0.0, 1.0)), "lr_projector_stage2": or_recipe(optional(number(0.0, 1.0))), "schedule": choice(vl.SCHEDULES),
     "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
     "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
     **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
@@ -538,7 +543,8 @@ def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
     """`pair_params` of one model from a notebook's validated parameters (chapter 4's recipe keys)."""
     keys = ("seed", "image_size", "stage1_steps", "stage2_steps", "batch_size", "lr_projector", "lr_lm",
             "lr_projector_stage2", "schedule")
-    return pair_params(name, weights=weights, **{k: params[k] for k in keys})
+    own = vl.recipe_for(name)  # a parameter set to vl.FROM_RECIPE takes the model's recipe value
+    return pair_params(name, weights=weights, **{k: own[k] if params[k] == vl.FROM_RECIPE else params[k] for k in keys})
 
 
 # ---------------------------------------------------------------------------------------

@@ -150,6 +150,16 @@ def test_sink_text_rows_and_correlation():
     both = isolate.sink_text_correlation(pd.concat([rows, rows.assign(model="n")]))
     assert set(both.model) == {"m", "n", "all models"} and both[both.model == "all models"].n.iloc[0] == 8
     assert isolate.correlation_sentence(corr.reset_index()).startswith("m: strict-format mean rho +")
+    # each rho is read against 5 %: the predicted sign for the strict format, only "outside chance" for knowledge
+    fake = pd.DataFrame({"model": ["m", "m", "k", "k"], "metric": ["strict-format mean", "knowledge acc"] * 2,
+                         "n": [10] * 4, "rho": [-0.83, 0.7, 0.8, 0.1], "p": [0.005, 0.02, 0.01, 0.6]})
+    text = isolate.correlation_sentence(fake)
+    assert "rho -0.83 (p 0.005, n 10; negative, the opposite of the sign the mechanism predicts)" in text
+    assert "knowledge rho +0.70 (p 0.020, n 10; positive, outside chance)" in text
+    assert "rho +0.80 (p 0.010, n 10; positive, the sign the mechanism predicts)" in text
+    assert "knowledge rho +0.10 (p 0.600, n 10; within chance)" in text
+    crit = isolate.critical_sentence(pd.concat([rows, rows.assign(model="n").iloc[:3]]))
+    assert crit.startswith("4 conditions (m) no rho reaches p < 0.05") and "3 conditions (n)" in crit
     with pytest.raises(ParameterError, match="base"):
         isolate.sink_text_rows({("m", "vl"): evs[("m", "c0")]}, last_k=1)
 

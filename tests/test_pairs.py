@@ -68,7 +68,26 @@ def test_one_recipe_for_pairs_trainings_and_chapter_4():
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     values = {t.targets[0].id: ast.literal_eval(t.value) for t in ast.parse(cell.source).body
               if isinstance(t, ast.Assign)}
-    assert {k: values[k] for k in vl.RECIPE} == vl.RECIPE
+    # every recipe value of chapter 4 is the recipe's, or "recipe" (each model's, `vl.recipe_for`)
+    assert {k: vl.RECIPE[k] if values[k] == vl.FROM_RECIPE else values[k] for k in vl.RECIPE} == vl.RECIPE
+    assert all(values[k] == vl.FROM_RECIPE for k in ("lr_lm", "lr_projector_stage2"))
+
+
+def test_per_model_rates_resolve_in_the_pair_parameters():
+    nb = {**{k: vl.RECIPE[k] for k in vl.RECIPE}, "seed": 0, "image_size": 48, "lr_lm": vl.FROM_RECIPE,
+          "lr_projector_stage2": vl.FROM_RECIPE}
+    g = pairs.pair_params_of("gemma3-270m", nb, weights="w")
+    assert (g["lr_lm"], g["lr_projector_stage2"]) == (vl.MODEL_RATES["gemma3-270m"]["lr_lm"],
+                                                     vl.MODEL_RATES["gemma3-270m"]["lr_projector_stage2"])
+    s = pairs.pair_params_of("smollm2-135m", nb, weights="w")
+    assert s == pairs.pair_params("smollm2-135m", weights="w")  # the shared recipe: the same cache keys as before
+    assert pairs.pair_params_of("Qwen/Qwen3-0.6B", nb, weights="w")["lr_lm"] == vl.RECIPE["lr_lm"]
+    assert pairs.pair_params_of("gemma3-270m", {**nb, "lr_lm": 2e-5}, weights="w")["lr_lm"] == 2e-5  # a number wins
+    check = pairs.CHAPTER4_PARAMS["lr_lm"]
+    assert check("lr_lm", "recipe") == "recipe" and check("lr_lm", 1e-5) == 1e-5
+    with pytest.raises(ParameterError, match="lr_lm"):
+        check("lr_lm", "fast")
+    assert pairs.CHAPTER4_PARAMS["lr_projector_stage2"]("lr_projector_stage2", None) is None
 
 
 def test_vqa_items_are_held_out_and_fixed():

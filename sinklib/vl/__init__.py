@@ -30,7 +30,7 @@ from .model import (PROMPT_PREFIX, Batch, FrozenVisionEncoder, Projector, answer
 from .scenes import (ANSWERS, BACKGROUND, COLOURS, COLUMNS, GRID, IMAGE_SIZE, QUESTION_TYPES, ROWS, SHAPES, QAItem,
                      Scene, Shape, batch_items, check_image_size, check_qtypes, describe, eval_items, make_items,
                      make_scenes, majority_baseline, render, ANSWER_STYLES, sentence_answer)
-from .train import RECIPE, SCHEDULES, VLResult, train_text_only, train_vl
+from .train import FROM_RECIPE, MODEL_RATES, RECIPE, SCHEDULES, VLResult, recipe_for, train_text_only, train_vl
 
 __all__ = [
     "clone_state_dict", "random_direction_like", "relative_change_by_group", "scaled_change", "tensor_group", "MAJORITY_TRAIN_ITEMS", "against_majority", "VQA_EVAL_SEED_OFFSET", "VQA_TRACK_SEED_OFFSET", "heldout_items",
@@ -39,5 +39,5 @@ __all__ = [
     "images_to_tensor", "make_encoder", "make_projector", "ANSWERS", "BACKGROUND", "COLOURS", "COLUMNS", "GRID",
     "IMAGE_SIZE", "QUESTION_TYPES", "ROWS", "SHAPES", "QAItem", "Scene", "Shape", "batch_items", "check_image_size",
     "check_qtypes", "describe", "eval_items", "make_items", "make_scenes", "majority_baseline", "render", "RECIPE",
-    "SCHEDULES", "VLResult", "train_text_only", "train_vl", "ANSWER_STYLES", "sentence_answer",
+    "SCHEDULES", "VLResult", "train_text_only", "train_vl", "FROM_RECIPE", "MODEL_RATES", "recipe_for", "ANSWER_STYLES", "sentence_answer",
 ]
