@@ -206,10 +206,14 @@ def sink_text_rows(evaluations: Mapping[tuple[str, str], dict], last_k: Mapping[
     return pd.DataFrame(rows)
 
 
+# up to this many conditions the permutation tests enumerate every ordering; beyond it, seeded random orderings
+EXACT_MAX_N = 8
+
+
 def sink_text_correlation(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-format mean", "knowledge acc"),
                           x: str = "sink mass change") -> pd.DataFrame:
     """Spearman rho between `x` and each metric's change across the adapted conditions, per model and over all
-    models together, with a two-sided permutation p-value (exact up to 8 conditions, `panel.spearman_permutation`).
+    models together, with a two-sided permutation p-value (exact up to EXACT_MAX_N conditions, `panel.spearman_permutation`).
     Rows: model ('all models' for the pooled one), metric, n, rho, p."""
     from .panel import spearman_permutation
 
@@ -223,7 +227,7 @@ def sink_text_correlation(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-
             if len(g) < 3 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
                 out.append({"model": m, "metric": metric, "n": len(g), "rho": np.nan, "p": np.nan})
                 continue
-            r = spearman_permutation(xs, ys, exact_max_n=8)
+            r = spearman_permutation(xs, ys, exact_max_n=EXACT_MAX_N)
             out.append({"model": m, "metric": metric, "n": len(g), "rho": r.rho, "p": r.p_value})
     return pd.DataFrame(out)
 
@@ -239,12 +243,10 @@ def correlation_sentence(corr: pd.DataFrame, level: float = 0.05) -> str:
     def reading(r) -> str:
         if not r.p <= level:
             return "within chance"
-        sign = 1 if r.rho > 0 else -1
-        word = "positive" if sign > 0 else "negative"
-        want = PREDICTED_SIGN.get(r.metric)
+        word, want = ("positive" if r.rho > 0 else "negative"), PREDICTED_SIGN.get(r.metric)
         if want is None:
             return f"{word}, outside chance"
-        return f"{word}, {'the sign the mechanism predicts' if sign == want else 'the opposite of the sign the mechanism predicts'}"
+        return f"{word}, {'the' if np.sign(r.rho) == want else 'the opposite of the'} sign the mechanism predicts"
 
     parts = []
     for m, g in corr.groupby("model", sort=False):
@@ -263,7 +265,7 @@ def critical_sentence(rows: pd.DataFrame, level: float = 0.05) -> str:
         crit = critical_rho(n, level) if n >= 3 else float("nan")
         if crit == crit:
             parts.append(f"{n} conditions ({m}) a rho must reach {crit:.2f} in size to give p < {level:g}"
-                         + (" (exact test)" if n <= 8 else " (random orderings)"))
+                         + (" (exact test)" if n <= EXACT_MAX_N else " (random orderings)"))
         else:
             parts.append(f"{n} conditions ({m}) no rho reaches p < {level:g} in the exact test")
     return ", and with ".join(parts)
@@ -271,14 +273,14 @@ def critical_sentence(rows: pd.DataFrame, level: float = 0.05) -> str:
 
 def critical_rho(n: int, level: float = 0.05) -> float:
     """The smallest |rho| whose two-sided permutation p-value is at most `level` for n untied conditions (the bar
-    a correlation across n conditions must clear): exact for n <= 8 (every ordering, as `sink_text_correlation`), beyond that from 9999
+    a correlation across n conditions must clear): exact for n <= EXACT_MAX_N (every ordering, as `sink_text_correlation`), beyond that from 9999
     seeded random orderings with p = (k + 1) / (9999 + 1), as `panel.spearman_permutation` computes it."""
     from .panel import rho_null
     from .params import check_int
 
     n = check_int("n", n, 3, 1000)
-    null = np.abs(np.round(rho_null(n, exact_max_n=8), 12))
-    adj = 0 if n <= 8 else 1
+    null = np.abs(np.round(rho_null(n, exact_max_n=EXACT_MAX_N), 12))
+    adj = 0 if n <= EXACT_MAX_N else 1
     for r in np.unique(null):
         if (np.count_nonzero(null >= r) + adj) / (len(null) + adj) <= level:
             return float(r)
