@@ -11,7 +11,7 @@ setup:
 notebooks: setup
 	$(PY) -m sinklib.book run --profile $(PROFILE)
 	$(PY) -m sinklib.claims     # the claims page's table, from data/results
-	$(PY) -m sinklib.course report  # the course guide's times, from data/results/course_times.json (measure: python -m sinklib.course time)
+	$(PY) -m sinklib.book.course report  # the course guide's times, from data/results/course_times.json (measure: python -m sinklib.book.course time)
 
 html: setup
 	.venv/bin/jupyter-book build . -W -n --keep-going

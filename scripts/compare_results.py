@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Compare two folders of results JSON: every number beyond a tolerance (default 1e-9), ignoring
-provenance, timings and paths (sinklib.compare.IGNORED_KEYS).
+provenance, timings and paths (sinklib.book.compare.IGNORED_KEYS).
 
     python scripts/compare_results.py BEFORE_DIR AFTER_DIR [--tol 1e-9] [--ignore REGEX]
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sinklib.compare import IGNORED_KEYS, compare_results, report  # noqa: E402
+from sinklib.book.compare import IGNORED_KEYS, compare_results, report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path)
     ap.add_argument("--tol", type=float, default=1e-9)
-    ap.add_argument("--ignore", default=None, help="regex of keys to skip (default: sinklib.compare.IGNORED_KEYS)")
+    ap.add_argument("--ignore", default=None, help="regex of keys to skip (default: sinklib.book.compare.IGNORED_KEYS)")
     a = ap.parse_args(argv)
     for d in (a.before, a.after):
         if not d.is_dir():

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import ParameterError
+from sinklib.errors import ParameterError
 
 EXTRAS = ("models", "graders")
 

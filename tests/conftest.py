@@ -21,13 +21,13 @@ def results_tmp(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from sinklib.models import load_model
+    from sinklib.core.models import load_model
 
     return load_model("smollm2-135m", device="cpu")
 
 
 @pytest.fixture(scope="session")
 def gemma3():
-    from sinklib.models import load_model
+    from sinklib.core.models import load_model
 
     return load_model("gemma3-270m", device="cpu")

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import bench, bench_gpu, sink
+from sinklib import bench
+from sinklib.bench import cpu as bench_cpu, gpu as bench_gpu
+from sinklib.core import sink
 from sinklib.errors import ParameterError, ResultsMissing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +148,7 @@ def test_eager_is_skipped_above_the_budget(monkeypatch):
         calls.append((method, T))
         return {"model": model, "method": method, "T": T, "status": "ok", "extra_bytes": 100 * T}
 
-    monkeypatch.setattr(bench, "peak_memory", fake_peak)
+    monkeypatch.setattr(bench_cpu, "peak_memory", fake_peak)
     lm = bench.load("tiny-llama")
     budget = (bench.predict_eager_bytes(lm.model, 16) + bench.predict_eager_bytes(lm.model, 32)) / 2 / bench.GIB
     res, _ = bench.run_cpu(["tiny-llama"], [16, 32], repeats=1, eager_budget_gib=budget, memory=True,
@@ -284,7 +286,7 @@ def test_chunked_probe_equals_eager_on_cuda(name, dtype, tol):
 
 @pytest.mark.slow
 def test_methods_and_cost_of_s_run_on_an_embedded_model(smollm2):
-    from sinklib.data import load_prompts
+    from sinklib.core.data import load_prompts
 
     ids = bench.bench_input(smollm2, 40)
     assert ids.shape == (1, 40)
@@ -301,7 +303,7 @@ def test_methods_and_cost_of_s_run_on_an_embedded_model(smollm2):
 
 def test_committed_performance_page_matches_the_committed_results(tmp_path):
     """The page's generated table is what `python -m sinklib.bench report` makes of data/results (fresh)."""
-    from sinklib.resources import checkout_root
+    from sinklib.core.resources import checkout_root
 
     root = checkout_root()
     if root is None or not (root / "data" / "results" / "bench_cpu.json").exists():

@@ -10,14 +10,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sinklib.bound import (
-    DIRECTION_KINDS, VARIANTS, Instance, QKSpec, capture_qk_inputs, check_instance, first_order_gap_bound,
-    first_order_violations, flip_fractions, flip_table, gap_change, gap_change_bound, gap_changes, head_norms,
-    layer_sensitivity, layerwise_coupling, logit_range, measure_real_model, normalised_change_bound, null_space_query,
-    per_head_formula_on_unnormalised, planted_sink_layer, project, qk_logits, random_direction, random_instance,
-    real_models_summary, real_scale_sweep, rms_normalize, rope_gain, rope_tables, sink_gap, sink_norm_ratios,
-    spectral_norm, weak_head_flips, worst_direction,
-)
+from sinklib.bound import (DIRECTION_KINDS, VARIANTS, Instance, QKSpec, capture_qk_inputs, check_instance,
+    first_order_gap_bound, first_order_violations, flip_fractions, flip_table, gap_change, gap_change_bound,
+    gap_changes, head_norms, layer_sensitivity, layerwise_coupling, logit_range, measure_real_model,
+    normalised_change_bound, null_space_query, per_head_formula_on_unnormalised, planted_sink_layer, project,
+    qk_logits, random_direction, random_instance, real_models_summary, real_scale_sweep, rms_normalize, rope_gain,
+    rope_tables, sink_gap, sink_norm_ratios, spectral_norm, weak_head_flips, worst_direction)
 from sinklib.errors import AttentionError, ParameterError
 
 D64 = torch.float64
@@ -170,7 +168,7 @@ def test_planted_sink_layer_is_a_sink_and_layerwise_compresses_weak_heads():
 
 
 def test_layer_sensitivity_on_a_tiny_model():
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
     m = tiny_model("qwen3", seed=1).model
     L = capture_qk_inputs(m, torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1)), layers=[2])[0]
     rows = layer_sensitivity(L, [1e-3, 1e-1], 2, torch.Generator().manual_seed(0))
@@ -250,7 +248,7 @@ def test_adversary_does_not_break_the_bound():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "olmo2"])
 def test_capture_matches_eager_attention(arch):
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
     over = {"query_pre_attn_scalar": 64} if arch == "gemma3" else {}   # scaling != 1/sqrt(head_dim)
     m = tiny_model(arch, seed=0, attn_implementation="eager", **over).model
     with torch.no_grad():
@@ -274,7 +272,7 @@ def test_capture_matches_eager_attention(arch):
 
 
 def test_capture_refuses_prompt_longer_than_sliding_window():
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
     m = tiny_model("gemma3", seed=0).model            # sliding window 4
     with pytest.raises(ParameterError, match="sliding window"):
         capture_qk_inputs(m, torch.randint(3, 128, (1, 6)))
@@ -361,7 +359,7 @@ def test_null_space_query():
 
 
 def test_sink_norm_ratios_and_real_scale_sweep():
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
     m = tiny_model("llama", seed=1).model
     L = capture_qk_inputs(m, torch.randint(3, 128, (1, 10), generator=torch.Generator().manual_seed(1)), layers=[1])[0]
     r = sink_norm_ratios(L)
@@ -375,7 +373,7 @@ def test_sink_norm_ratios_and_real_scale_sweep():
 
 
 def test_measure_real_model_and_summary():
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
     m = tiny_model("qwen3", seed=1).model
     g = torch.Generator().manual_seed(3)
     ids = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (9, 12)]

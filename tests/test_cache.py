@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from sinklib import cache, inject, merge, pairs, vl
+from sinklib.core import cache
+from sinklib.controls import inject, merge
+from sinklib.adapt import pairs
+from sinklib import vl
 from sinklib.vl.scenes import _stream_seed
 
 EVAL_N = {"instructions": 2, "math": 2, "knowledge": 8, "perplexity": 2}
@@ -90,7 +93,7 @@ def test_empty_cache_variable_means_the_default(monkeypatch, tmp_path):
     """SINKBOOK_CACHE="" (an unset-looking variable) must not turn the working directory into the cache."""
     from pathlib import Path
 
-    from sinklib.models import cache_dir
+    from sinklib.core.models import cache_dir
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import causal, evals, intervene
+from sinklib.causal import suites as causal, intervene
+from sinklib import evals
 from sinklib.errors import ParameterError
 from sinklib.evals.grading import mcnemar_exact
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 
 
 def test_mcnemar_exact_known_values():
@@ -94,8 +95,8 @@ def test_evaluate_runs_the_suites_inside_the_intervention_and_caches(monkeypatch
 def test_ablating_sink_heads_of_smollm2_end_to_end(smollm2, monkeypatch, tmp_path):
     """The real suites run inside the intervention (generation with the KV cache, likelihoods, perplexity):
     the most sink-heavy heads of the last layers lose much of their attention mass, and perplexity rises."""
-    from sinklib import sink
-    from sinklib.data import load_prompts
+    from sinklib.core import sink
+    from sinklib.core.data import load_prompts
 
     monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
     res = sink.sink_strength(smollm2.model, load_prompts(4, seed=0), tokenizer=smollm2.tokenizer, last_k_layers=4,
@@ -148,8 +149,8 @@ def test_first_token_replaces_or_drops_the_bos():
 @pytest.mark.slow
 def test_gemma3_without_bos_loses_its_sink(gemma3):
     """Chapter 1's finding through the wrapper: Gemma-3's sink is tied to BOS."""
-    from sinklib import sink
-    from sinklib.data import load_prompts
+    from sinklib.core import sink
+    from sinklib.core.data import load_prompts
 
     prompts = load_prompts(4, seed=0)
     kw = dict(last_k_layers=6, max_tokens=32)
@@ -225,7 +226,7 @@ def test_chapter_parameters_are_the_schema(draft, schema):
     import json
     from pathlib import Path
 
-    from sinklib.params import validate
+    from sinklib.core.params import validate
 
     mod, name = schema.split(":")
     schema = getattr(importlib.import_module(mod), name)

@@ -43,9 +43,9 @@ def test_wheel_runs_a_chapter_outside_the_repository(tmp_path):
     env["JUPYTER_PATH"] = str(venv / "share" / "jupyter")
     env["JUPYTER_DATA_DIR"] = str(tmp_path / "jupyter-data")
     # the installed sinklib is the wheel's, not the checkout's
-    where = json.loads(_run([py, "-c", "import json, sinklib, sinklib.resources as r, sinklib.book as b; "
+    where = json.loads(_run([py, "-c", "import json, sinklib, sinklib.core.resources as r, sinklib.book as b; "
                              "print(json.dumps([sinklib.__file__, r.checkout_root() is None, b.load_profile('"
-                             + CHAPTER + "', 'quick'), len(__import__('sinklib.data').data.load_prompts())]))"],
+                             + CHAPTER + "', 'quick'), len(__import__('sinklib.core.data').data.load_prompts())]))"],
                             cwd=tmp_path, env=env))
     assert Path(where[0]).is_relative_to(venv) and where[1], where
     params, n_prompts = where[2], where[3]

@@ -1,4 +1,4 @@
-"""scripts/compare_results.py and sinklib.compare: every number of two results folders, timings ignored."""
+"""scripts/compare_results.py and sinklib.book.compare: every number of two results folders, timings ignored."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sinklib.compare import compare_results, diff_values
+from sinklib.book.compare import compare_results, diff_values
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,10 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from sinklib import anatomy, evals, merge, pairs, panel, params, sink, vl
+from sinklib.core import anatomy, params, sink
+from sinklib import evals, vl
+from sinklib.controls import merge
+from sinklib.adapt import pairs
+from sinklib.stats import panel
 from sinklib.bound import CHAPTER3_PARAMS, VARIANTS
 from sinklib.errors import PanelError, ParameterError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 
 
 def _scores() -> pd.DataFrame:
@@ -104,7 +108,7 @@ def test_dependent_checks_see_earlier_parameters():
 
 
 def test_chapter_schemas_share_their_parts():
-    from sinklib import causal
+    from sinklib.causal import suites as causal
 
     for schema in (pairs.CHAPTER4_PARAMS, merge.CHAPTER6_PARAMS, causal.CHAPTER8_PARAMS):
         assert set(evals.COUNT_PARAMS) <= set(schema) and {"models", "device", "profile"} <= set(schema)
@@ -142,7 +146,7 @@ def test_tiny_panel_rows_of_chapter_7_are_what_chapter_5_reads_as_its_second_pan
 def test_chapter_7_summarises_with_chapter_5s_resampling_sizes():
     """Chapter 7 prints the controlled panel's statistics before chapter 5 does; both must print the same
     numbers, so chapter 7 uses chapter 5's full-profile resampling sizes."""
-    from sinklib import book
+    from sinklib.book import runner as book
     from sinklib.tiny.panel import STAT_KW
 
     full = book.load_profile("05_panel_correlations", "full")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sinklib import book, course
+from sinklib.book import runner as book, course
 from sinklib.errors import ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,14 +38,14 @@ def test_markdown_sums_sessions():
 
 
 def test_generated_times_are_fresh():
-    """book/_generated/course_times.md is what `python -m sinklib.course report` makes of the saved times."""
+    """book/_generated/course_times.md is what `python -m sinklib.book.course report` makes of the saved times."""
     path = ROOT / "data" / "results" / f"{course.RESULTS_NAME}.json"  # the committed file, whatever SINKBOOK_RESULTS says
-    assert path.exists(), "run `python -m sinklib.course time` (twice the quick profile's run time)"
+    assert path.exists(), "run `python -m sinklib.book.course time` (twice the quick profile's run time)"
     doc = json.loads(path.read_text())
     assert set(doc["results"]["runs"]["first run"]) == set(book.notebook_names()), \
-        "chapters changed since the times were measured: rerun `python -m sinklib.course time`"
+        "chapters changed since the times were measured: rerun `python -m sinklib.book.course time`"
     assert (ROOT / "book" / "_generated" / "course_times.md").read_text() == course.markdown(doc), \
-        "run `python -m sinklib.course report`"
+        "run `python -m sinklib.book.course report`"
     assert all(v > 0 for run in doc["results"]["runs"].values() for v in run.values())
     json.dumps(doc)
 
@@ -54,7 +54,7 @@ def test_saved_times_carry_the_books_provenance(monkeypatch, tmp_path):
     from sinklib.errors import ResultsMissing
 
     monkeypatch.setenv("SINKBOOK_RESULTS", str(tmp_path))
-    with pytest.raises(ResultsMissing, match="sinklib.course time"):
+    with pytest.raises(ResultsMissing, match="sinklib.book.course time"):
         course.load()
     runs = {"first run": {"01_a": 60.0}, "rerun": {"01_a": 30.0}}
     course.save({"profile": "quick", "runs": runs})

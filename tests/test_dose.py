@@ -1,12 +1,13 @@
-"""Dose-response along training: snapshots of a rerun of the pair's training (sinklib.dose)."""
+"""Dose-response along training: snapshots of a rerun of the pair's training (sinklib.adapt.dose)."""
 import pandas as pd
 import pytest
 import torch
 
-from sinklib import cache as sk_cache
-from sinklib import dose, pairs, vl
+from sinklib.core import cache as sk_cache
+from sinklib.adapt import dose, pairs
+from sinklib import vl
 from sinklib.errors import ParameterError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 from tests.test_pairs import cache  # noqa: F401 (the fixture: an empty cache folder)
 from tests.test_vl import TOK
 
@@ -42,7 +43,7 @@ def test_series_reproduces_the_pair_and_is_cached(cache):
         assert dose.final_matches(lm, _params(), "vl", lambda: pytest.fail("read again")) == 0.0
     finally:
         sk_cache.load_state = real
-    early = sk_cache.load_checkpoint(dose.snapshot_dir(_params(), "vl", 1), lm.model)
+    early = vl.load_checkpoint(dose.snapshot_dir(_params(), "vl", 1), lm.model)
     assert early.projector is not None
     k = "model.layers.0.self_attn.q_proj.weight"
     step1 = lm.model.state_dict()[k].clone()

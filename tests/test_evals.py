@@ -44,14 +44,14 @@ def tok():
 
 @pytest.fixture(scope="module")
 def tiny_llama():
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
 
     return tiny_model("llama", seed=0).model
 
 
 @pytest.fixture(scope="module")
 def tiny_gemma():
-    from sinklib.models import tiny_model
+    from sinklib.core.models import tiny_model
 
     # soft-capping on, so the body + head path must apply it like the model's own forward
     return tiny_model("gemma3", seed=1, final_logit_softcapping=0.5).model
@@ -435,7 +435,7 @@ def test_ifeval_source_online_rows_are_graded(monkeypatch, tiny_llama, tok):
 
 @pytest.mark.slow
 def test_smollm2_math_few_items():
-    from sinklib.models import load_model
+    from sinklib.core.models import load_model
 
     try:
         loaded = load_model("smollm2-135m")

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import intervene, sink
+from sinklib.causal import intervene
+from sinklib.core import sink
 from sinklib.errors import ParameterError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 
 ARCHS = ["llama", "qwen3", "gemma3", "olmo2"]  # GQA no-norm, per-head QK-norm, sliding window + QK-norm, layerwise
 REF_NAME = "sinkbook_test_reference"

@@ -1,11 +1,12 @@
 """Controls that isolate one thing each: the decomposition of the VL loss into paired steps, and the random
-control at several sizes (sinklib.isolate)."""
+control at several sizes (sinklib.adapt.isolate)."""
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from sinklib import isolate, vl
+from sinklib.adapt import isolate
+from sinklib import vl
 from sinklib.errors import ParameterError
 from sinklib.evals.paired import pack
 
@@ -64,7 +65,7 @@ def test_scaled_names_and_states():
 
 
 def test_evaluate_random_scaled_holds_one_state_at_a_time(monkeypatch):
-    from sinklib import pairs
+    from sinklib.adapt import pairs
 
     class P:
         states = {"base": {"w": torch.zeros(2, 2)}, "random": {"w": torch.ones(2, 2)}}
@@ -108,7 +109,7 @@ def test_whole_model_relative_change_counts_tied_tensors_once():
 
 
 def test_chapter4_checks_the_new_parameters():
-    from sinklib import pairs
+    from sinklib.adapt import pairs
 
     check = pairs.CHAPTER4_PARAMS["random_scales"]
     assert check("random_scales", [0.5, 2]) == [0.5, 2.0] and check("random_scales", []) == []
@@ -185,7 +186,7 @@ def test_step_reading_says_which_way_each_step_moves(evaluations):
 
 
 def test_random_sizes_evaluates_each_size_per_model_and_plots(monkeypatch):
-    from sinklib import pairs
+    from sinklib.adapt import pairs
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""Tests of sinklib.merge: the seven merging settings and QK-RMSNorm injection (fast, tiny tensors)."""
+"""Tests of sinklib.controls.merge: the seven merging settings and QK-RMSNorm injection (fast, tiny tensors)."""
 from __future__ import annotations
 
 import math
@@ -9,17 +9,9 @@ from mergekit.merge_methods import merge_state_dicts, merge_tensors
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sinklib.errors import ParameterError
-from sinklib.inject import AlreadyHasQKNorm, inject_qk_norm, injection_error, recovery_finetune
-from sinklib.merge import (
-    METHODS,
-    SEVEN_SETTINGS,
-    merge,
-    merge_method,
-    split_keys,
-    star_truncate,
-    task_vector_rank_truncate,
-    tensor_seed,
-)
+from sinklib.controls.inject import AlreadyHasQKNorm, inject_qk_norm, injection_error, recovery_finetune
+from sinklib.controls.merge import (METHODS, SEVEN_SETTINGS, merge, merge_method, split_keys, star_truncate,
+    task_vector_rank_truncate, tensor_seed)
 
 torch.set_num_threads(1)
 
@@ -381,8 +373,8 @@ def test_recovery_finetune_reduces_loss_is_seeded_and_can_train_only_gains():
 
 
 def test_recovery_texts_are_disjoint_from_the_s_prompts():
-    from sinklib import inject
-    from sinklib.data import load_prompts
+    from sinklib.controls import inject
+    from sinklib.core.data import load_prompts
     from sinklib.errors import ParameterError
 
     s_prompts, held = load_prompts(15, seed=0), load_prompts(16, seed=8)
@@ -395,8 +387,8 @@ def test_recovery_texts_are_disjoint_from_the_s_prompts():
 
 
 def test_scores_by_condition_feed_the_strict_mean():
-    from sinklib import inject
-    from sinklib.pairs import STRICT_METRICS, strict_mean
+    from sinklib.controls import inject
+    from sinklib.adapt.pairs import STRICT_METRICS, strict_mean
 
     rows = {"a": {"scores": [{"suite": k.split()[0], "metric": k.split()[1], "score": 10.0 * (i + 1)}
                              for i, k in enumerate(STRICT_METRICS)] + [{"suite": "knowledge", "metric": "acc", "score": 99.0}]}}
@@ -409,7 +401,9 @@ def test_injection_evaluate_builds_the_model_only_on_a_cache_miss(monkeypatch, t
     """A recovery fine-tune passed as a builder runs once; the cached result carries its extra record."""
     import types
 
-    from sinklib import evals, inject, sink
+    from sinklib import evals
+    from sinklib.controls import inject
+    from sinklib.core import sink
 
     monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
     monkeypatch.setattr(evals, "run_suites", lambda *a, **k: "res")
@@ -435,9 +429,11 @@ def test_run_conditions_injects_fine_tunes_both_arms_once_and_keeps_the_original
     a second call reads every condition from the cache and fine-tunes nothing."""
     import types
 
-    from sinklib import evals, inject, sink
-    from sinklib.data import load_prompts
-    from sinklib.models import tiny_model
+    from sinklib import evals
+    from sinklib.controls import inject
+    from sinklib.core import sink
+    from sinklib.core.data import load_prompts
+    from sinklib.core.models import tiny_model
 
     class CharTokenizer:  # enough of a tokenizer for prompt_batch and recovery_finetune
         pad_token_id = 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sinklib import book
+from sinklib.book import runner as book
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -9,7 +9,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sinklib import book, install, resources
+from sinklib.book import runner as book
+from sinklib import install
+from sinklib.core import resources
 from sinklib.errors import ParameterError
 
 ROOT = Path(__file__).resolve().parent.parent

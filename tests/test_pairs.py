@@ -4,10 +4,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sinklib import cache as sk_cache
-from sinklib import pairs, vl
+from sinklib.core import cache as sk_cache
+from sinklib.adapt import pairs
+from sinklib import vl
 from sinklib.errors import ParameterError, ResultsMissing
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 from tests.test_vl import TOK
 
 
@@ -214,7 +215,7 @@ def test_merge_verdict_and_by_model_tables():
 def test_findings_sentences_come_from_the_tables():
     import pandas as pd
 
-    from sinklib import pairs
+    from sinklib.adapt import pairs
 
     class _B:
         logs = {"vl": {"callbacks": [{"step": 0, "value": {"vqa": 0.2}}, {"step": 10, "value": {"vqa": 0.6}},

@@ -1,4 +1,4 @@
-"""Tests of sinklib.panel: rank statistics on known cases, LOPO, the architecture test, the CSV schema."""
+"""Tests of sinklib.stats.panel: rank statistics on known cases, LOPO, the architecture test, the CSV schema."""
 from __future__ import annotations
 
 import itertools
@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 from scipy import stats
 
-from sinklib import panel as P
+from sinklib import plots
+from sinklib.stats import panel as P, rank
 from sinklib.errors import PanelError
 
 N6 = [1, 2, 3, 4, 5, 6]
@@ -177,7 +178,7 @@ def test_rank_corr_matches_scipy_row_by_row():
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(2, 20, 7))
     y[:, 0] = y[:, 1]  # a tie in every row
-    got = P._rank_corr(x, y)
+    got = rank._rank_corr(x, y)
     ref = [stats.spearmanr(a, b).statistic for a, b in zip(x, y)]
     assert got == pytest.approx(ref)
 
@@ -338,15 +339,15 @@ def test_scatter_panel_draws_labelled_axes():
     import matplotlib
 
     matplotlib.use("Agg")
-    fig = P.scatter_panel(P.validate_panel(make_panel()))
+    fig = plots.scatter_panel(P.validate_panel(make_panel()))
     axes = [a for a in fig.axes if a.get_visible()]
     assert len(axes) == 2
     assert axes[0].get_xlabel().startswith("Sink Strength") and "points" in axes[0].get_ylabel()
     assert "rho" in axes[0].get_title() and "n = 1" in axes[1].get_title()
     with pytest.raises(PanelError, match="nothing to plot"):
-        P.scatter_panel(P.validate_panel(make_panel(S=[None] * 6)))
+        plots.scatter_panel(P.validate_panel(make_panel(S=[None] * 6)))
     labelled = sum(len(a.texts) for a in fig.axes)
-    bare = P.scatter_panel(P.validate_panel(make_panel()), label_points=False)
+    bare = plots.scatter_panel(P.validate_panel(make_panel()), label_points=False)
     assert labelled > 0 and sum(len(a.texts) for a in bare.axes) == 0  # a panel of many models: no labels
 
 
@@ -354,7 +355,7 @@ def test_scatter_panel_draws_labelled_axes():
 
 
 def _measured_two_models() -> pd.DataFrame:
-    from sinklib.pairs import panel_row
+    from sinklib.adapt.pairs import panel_row
 
     changes = {"instructions strict": -4.17, "instructions lenient": -4.2, "math strict": -26.7,
                "math lenient": -33.3, "knowledge acc": 5.0, "perplexity ppl": 26.8}
@@ -366,24 +367,24 @@ def test_panel_tables_fit_the_column_and_move_text_out():
     from sinklib import plots
 
     for df in (_measured_two_models(), P.read_panel(None), P.validate_panel(make_panel())):
-        tables = P.panel_tables(df)
+        tables = plots.panel_tables(df)
         assert all(t.width_px() <= plots.COLUMN_PX for t in tables), [t.width_px() for t in tables]
         shown = [c for t in tables for c in t.frame.columns]
         assert [c for c in shown if c not in ("QK-norm", "S", "vlm", "llm", "note", "source")] == \
-            [P.task_label(t) for t in P.task_columns(df)]
-    tables = P.panel_tables(_measured_two_models())
+            [plots.task_label(t) for t in P.task_columns(df)]
+    tables = plots.panel_tables(_measured_two_models())
     assert "measured: notebook 04" in tables[-1].legend  # one shared source: a legend line, not a column
     assert tables[0].frame.iloc[0]["instr. strict"] == "-4.2"
-    assert P.task_label("delta_perplexity_ppl") == "ppl" and P.task_label("delta_gsm8k_cot") == "gsm8k cot"
+    assert plots.task_label("delta_perplexity_ppl") == "ppl" and plots.task_label("delta_gsm8k_cot") == "gsm8k cot"
 
 
 def test_availability_and_summary_tables_fit():
     from sinklib import plots
 
-    av = P.availability_table(P.availability(_measured_two_models()))
+    av = plots.availability_table(P.availability(_measured_two_models()))
     assert av.width_px() <= plots.COLUMN_PX and "n with S" in av.frame.columns
     summary = P.panel_summary(P.validate_panel(make_panel()), n_boot=99, n_perm=99)
-    out = P.summary_tables(summary)
+    out = plots.summary_tables(summary)
     assert [title for title, _ in out][0].startswith("Spearman")
     for _, tables in out:
         assert all(t.width_px() <= plots.COLUMN_PX for t in tables)
@@ -401,7 +402,7 @@ def test_figure_text_reads_at_body_size():
 
     plots.set_theme()
     df = P.validate_panel(make_panel(delta_ppl=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
-    fig = P.scatter_panel(df)
+    fig = plots.scatter_panel(df)
     assert plots.rendered_font_px(fig) >= 15.5
     assert any(a.get_ylabel() == "change in perplexity" for a in fig.axes if a.get_visible())
     fig2, axes = plots.subplots(1, 2, height=5.5)

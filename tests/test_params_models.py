@@ -4,9 +4,9 @@ import os
 import pytest
 import torch
 
-from sinklib import models as sm
+from sinklib.core import models as sm
 from sinklib.errors import ModelNotAvailable, ParameterError
-from sinklib.params import check_bool, check_choice, check_float, check_int, check_list, check_str
+from sinklib.core.params import check_bool, check_choice, check_float, check_int, check_list, check_str
 
 
 def test_check_int():

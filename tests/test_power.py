@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sinklib import power
+from sinklib.evals import power
 from sinklib.errors import ParameterError
 
 

@@ -1,4 +1,4 @@
-"""Checks on data/calibration_prompts.jsonl and on sinklib.data.load_prompts."""
+"""Checks on data/calibration_prompts.jsonl and on sinklib.core.data.load_prompts."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from sinklib.data import PROMPTS_FILE, all_prompts, load_prompts
+from sinklib.core.data import PROMPTS_FILE, all_prompts, load_prompts
 from sinklib.errors import ParameterError
 
 KINDS = {"instruction", "question", "prose", "dialogue", "code", "list"}

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import repair
+from sinklib.causal import repair
 from sinklib.errors import ParameterError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 
 
 def _pair(arch="llama"):
@@ -87,7 +87,8 @@ def test_repair_plans_undo_the_chosen_heads_and_match_the_control_norm():
 
 
 def test_evaluate_state_evaluates_the_given_weights_and_gives_the_model_back(monkeypatch, tmp_path):
-    from sinklib import causal, evals
+    from sinklib.causal import suites as causal
+    from sinklib import evals
 
     monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
     lm, base, adapted = _pair()
@@ -114,7 +115,8 @@ def test_evaluate_state_evaluates_the_given_weights_and_gives_the_model_back(mon
 
 
 def test_repair_changes_and_verdict_follow_the_paired_rule():
-    from sinklib import causal, evals
+    from sinklib.causal import suites as causal
+    from sinklib import evals
 
     def ev(strict):
         per = [{"strict": bool(s), "lenient": True} for s in strict]
@@ -138,7 +140,7 @@ def test_repair_outcome_is_the_shared_rule():
     interval lies above zero; chapter 8's sentence (repair_verdict) and claim 9b both read it."""
     import pandas as pd
 
-    from sinklib.repair import moved, repair_outcome, repair_verdict
+    from sinklib.causal.repair import moved, repair_outcome, repair_verdict
 
     def row(c, m, loss_hi, lo, hi):
         return {"control": c, "metric": m, "loss": loss_hi - 5, "loss_lo": loss_hi - 10, "loss_hi": loss_hi,

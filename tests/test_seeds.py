@@ -1,11 +1,12 @@
-"""Training seeds: chapter 4's conditions retrained with other seeds, paired against one base (sinklib.seeds)."""
+"""Training seeds: chapter 4's conditions retrained with other seeds, paired against one base (sinklib.adapt.seeds)."""
 import numpy as np
 import pytest
 import torch
 
-from sinklib import pairs, seeds, vl
+from sinklib.adapt import pairs, seeds
+from sinklib import vl
 from sinklib.errors import ParameterError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 from tests.test_isolate import _ev
 from tests.test_pairs import cache  # noqa: F401 (the fixture: an empty cache folder)
 from tests.test_vl import TOK

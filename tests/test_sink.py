@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import probe, sink
+from sinklib.core import probe, sink
 from sinklib.errors import ParameterError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 
 ARCHS = ["llama", "qwen3", "gemma3", "olmo2"]  # GQA no-norm, per-head QK-norm, sliding window + QK-norm, layerwise
 

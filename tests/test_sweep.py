@@ -1,10 +1,11 @@
-"""The VL recipe sweep: stage 1 once, stage 2 at several learning rates from the same projector (sinklib.sweep)."""
+"""The VL recipe sweep: stage 1 once, stage 2 at several learning rates from the same projector (sinklib.adapt.sweep)."""
 import pandas as pd
 import pytest
 import torch
 
-from sinklib import cache as sk_cache
-from sinklib import pairs, sweep, vl
+from sinklib.core import cache as sk_cache
+from sinklib.adapt import pairs, sweep
+from sinklib import vl
 from sinklib.errors import ParameterError
 from tests.test_dose import _lm, _params  # the same tiny pair
 from tests.test_isolate import _ev

@@ -23,8 +23,8 @@ def tmp_cache(tmp_path, monkeypatch):
 
 
 def test_adapt_end_to_end_cached_and_panel_row(tmp_cache):
-    from sinklib import panel_schema
-    from sinklib.cache import tensor_sha
+    from sinklib.stats import schema as panel_schema
+    from sinklib.core.cache import tensor_sha
     from sinklib.tiny.adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt, change_table
     from sinklib.tiny.train import train_tiny
 

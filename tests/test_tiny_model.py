@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import sink
-from sinklib.cache import tensor_sha
+from sinklib.core import sink
+from sinklib.core.cache import tensor_sha
 from sinklib.errors import ParameterError
 from sinklib.tiny import model as M
 
@@ -71,7 +71,7 @@ def test_layerwise_normalises_all_heads_together():
 
 def test_qk_norm_labels_in_the_projects_code():
     from sinklib.bound import capture_qk_inputs
-    from sinklib.models import Loaded
+    from sinklib.core.models import Loaded
 
     ids, _ = _batch(lengths=(8,))
     for v in M.VARIANTS:

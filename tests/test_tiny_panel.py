@@ -1,5 +1,5 @@
 """Chapter 7's panel driver (sinklib.tiny.panel): the plan, the quick profile end to end (cached), the
-statistics reused from sinklib.panel on a tiny panel."""
+statistics reused from sinklib.stats.panel on a tiny panel."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -56,7 +56,7 @@ def test_quick_panel_end_to_end_and_statistics(tmp_cache):
 
 def test_statistics_on_a_synthetic_tiny_panel():
     """Six rows in the tiny panel's schema: S explains the strict change within each variant."""
-    from sinklib.panel_schema import validate_panel
+    from sinklib.stats.schema import validate_panel
     from sinklib.tiny.panel import panel_statistics
 
     S = [-2.0, -1.0, -1.5, 0.0, -0.5, 0.5]
@@ -88,9 +88,9 @@ def _synthetic_rows(strict, S, q):
 def test_hypotheses_and_preconditions_follow_the_intervals():
     """H1 reproduced when strict change rises with S, not reproduced when it falls; H4 from the per-variant means;
     preconditions counted."""
-    from sinklib.panel_schema import validate_panel
+    from sinklib.stats.schema import validate_panel
     from sinklib.tiny.panel import hypotheses, panel_statistics, preconditions
-    from sinklib.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
     q = ["none", "per_head", "layerwise"] * 4
     S = [0.1 * i for i in range(12)]
@@ -127,7 +127,7 @@ def test_prepare_fills_the_cache_in_worker_processes(tmp_cache):
 
 
 def test_change_table_and_knowledge_chance():
-    from sinklib.panel_schema import validate_panel
+    from sinklib.stats.schema import validate_panel
     from sinklib.tiny.panel import change_table, knowledge_above_chance
 
     rows = validate_panel(_synthetic_rows([-20.0, -10.0], [0.1, 0.2], ["none", "per_head"]))
@@ -135,7 +135,7 @@ def test_change_table_and_knowledge_chance():
     assert list(t["strict: VL"]) == ["-20 [-25, -15]", "-10 [-15, -5]"]
     assert list(t["strict: text-only"]) == ["-10 [-14, -6]", "-5 [-9, -1]"]
     assert t["VQA / majority"].iloc[0] == "30 / 38"
-    from sinklib.verdicts import wilson_pct
+    from sinklib.stats.verdicts import wilson_pct
 
     # the rule reads the Wilson lower end the evaluation stores: 45 % of 72 items is above chance, 30.6 % is not
     assert knowledge_above_chance(wilson_pct(45.0, 72).lo) and not knowledge_above_chance(wilson_pct(30.6, 72).lo)

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib import cache, train, vl
+from sinklib.core import cache, train
+from sinklib import vl
 from sinklib.vl.evaluate import _first_word
 from sinklib.errors import ParameterError, SinkbookError
-from sinklib.models import tiny_model
+from sinklib.core.models import tiny_model
 
 
 class CharTokenizer:
@@ -313,17 +314,17 @@ def test_checkpoint_round_trip_and_key(tmp_path):
     d = cache.checkpoint_dir(key, tmp_path)
     assert not cache.checkpoint_exists(d)
     with pytest.raises(SinkbookError, match="no complete checkpoint"):
-        cache.load_checkpoint(d, tiny())
+        vl.load_checkpoint(d, tiny())
     cache.save_checkpoint(d, model, r.projector, r.encoder, meta={"params": params})
     assert cache.checkpoint_exists(d)
     fresh = tiny(seed=9)
-    ck = cache.load_checkpoint(d, fresh)
+    ck = vl.load_checkpoint(d, fresh)
     assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(v, ck.projector.state_dict()[k]) for k, v in r.projector.state_dict().items())
     assert all(torch.equal(v, ck.encoder.state_dict()[k]) for k, v in r.encoder.state_dict().items())
     assert ck.meta == {"params": params}
     with pytest.raises(ParameterError, match="does not fit"):
-        cache.load_checkpoint(d, tiny(hidden_size=32, head_dim=8))
+        vl.load_checkpoint(d, tiny(hidden_size=32, head_dim=8))
     # tied embeddings survive the round trip
     tied = tiny(tie_word_embeddings=True)
     cache.save_checkpoint(tmp_path / "tied", tied)

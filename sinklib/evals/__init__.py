@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import ParameterError
-from ..params import check_choice, check_int, integer
-from . import grading, items, lm
-from .grading import (bootstrap_ppl_interval, grade_instructions, grade_math, parse_answer_lenient,
-                      parse_answer_strict, wilson_interval)
-from .items import generate_math_items
-from .lm import PROMPT_STYLES, continuation_logprobs, document_nll, generate, resolve_prompt_style
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_int, integer
+from sinklib.evals import grading, items, lm
+from sinklib.evals.grading import (bootstrap_ppl_interval, grade_instructions, grade_math, parse_answer_lenient,
+    parse_answer_strict, wilson_interval)
+from sinklib.evals.items import generate_math_items
+from sinklib.evals.lm import PROMPT_STYLES, continuation_logprobs, document_nll, generate, resolve_prompt_style
 
 SOURCES = ("local", "ifeval")
 
@@ -221,7 +221,7 @@ def _unpack(model: Any, tokenizer: Any) -> tuple[Any, Any]:
         model = model.model
     if tokenizer is None:
         raise ParameterError("parameter 'tokenizer' is None: the suites need a Hugging Face tokenizer "
-                             "(sinklib.models.tiny_model has none; pass one explicitly)")
+                             "(sinklib.core.models.tiny_model has none; pass one explicitly)")
     return model, tokenizer
 
 
@@ -230,7 +230,7 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
               source: str = "local", n_shots: int | None = None) -> SuiteResult:
     """Run one suite on a causal LM and grade it.
 
-    model: a transformers causal LM (or a ``sinklib.models.Loaded``; then tokenizer may be None).
+    model: a transformers causal LM (or a ``sinklib.core.models.Loaded``; then tokenizer may be None).
     suite: one of ``SUITES``. n_items: a seeded sample of that many items (all when None; capped at
     the number available). prompt_style: 'chat' (the tokenizer's chat template), 'plain' (a few-shot
     document, for base models) or 'auto' (chat when a template exists, for the generation suites;

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelNotAvailable, ParameterError, SinkbookError
+from sinklib.stats.verdicts import wilson_interval  # noqa: F401  (re-exported: evals.wilson_interval)
+from sinklib.errors import ModelNotAvailable, ParameterError, SinkbookError
 
 LM_EVAL_PIP = "pip install --no-deps lm-eval==0.4.13 && pip install langdetect immutabledict nltk packaging"
 
@@ -194,20 +195,6 @@ def grade_math(response: str, answer: int | float) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # confidence intervals
-
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials, as fractions in [0, 1] (95 % by default)."""
-    if not isinstance(n, (int, np.integer)) or n <= 0:
-        raise ParameterError(f"parameter 'n' got {n!r}; allowed: a positive integer (number of items)")
-    if not 0 <= k <= n:
-        raise ParameterError(f"parameter 'k' got {k!r}; allowed: an integer in [0, n={n}]")
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    # the interval always holds p: exact bounds at k = 0 and k = n (not 1e-15 of rounding)
-    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
-
 
 def bootstrap_ratio_interval(num: Sequence[float], den: Sequence[float], transform=None, n_boot: int = 2000,
                              seed: int = 0, level: float = 0.95) -> tuple[float, float]:

@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..resources import data_path
-from ..errors import ModelNotAvailable, ParameterError
+from sinklib.core.resources import data_path
+from sinklib.errors import ModelNotAvailable, ParameterError
 
 EVALS = data_path("evals")
 FILES = {
@@ -41,7 +41,7 @@ def _require(path: Path, row: dict, keys: tuple[str, ...], n: int) -> None:
 def validate_instruction_items(rows: list[dict], path: Path | str = "instructions", local: bool = True) -> list[dict]:
     """Check fields, known instruction ids, no falsy kwargs (lm-eval drops them and then draws a
     random value), and, for local items, none of the ids that need nltk's punkt_tab."""
-    from .grading import NEEDS_PUNKT, ifeval_modules
+    from sinklib.evals.grading import NEEDS_PUNKT, ifeval_modules
 
     known = ifeval_modules()["instructions_registry"].INSTRUCTION_DICT
     for n, r in enumerate(rows):

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..anatomy import apply_softcap, decoder, lm_head, pad_batch, pad_token_id, positions, softcap
-from ..errors import ParameterError
+from sinklib.core.anatomy import apply_softcap, decoder, lm_head, pad_batch, pad_token_id, positions, softcap
+from sinklib.errors import ParameterError
 
 PROMPT_STYLES = ("chat", "plain", "auto")
 
@@ -148,7 +148,7 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_n
 # likelihoods
 
 def _split_body_head(model: Any):
-    """(body, head, softcap) from `sinklib.anatomy`; body is None when the model hides them."""
+    """(body, head, softcap) from `sinklib.core.anatomy`; body is None when the model hides them."""
     body, head = decoder(model, required=False), lm_head(model)
     if body is None or head is None:
         return None, None, None

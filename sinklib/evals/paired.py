@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ParameterError
-from ..verdicts import Est
-from .grading import mcnemar_exact
+from sinklib.errors import ParameterError
+from sinklib.stats.verdicts import Est
+from sinklib.evals.grading import mcnemar_exact
 
 #: the pass/fail metrics kept per item (suite, per-item field); perplexity keeps NLL and token counts
 PASS_FAIL = (("instructions", "strict"), ("instructions", "lenient"), ("math", "strict"), ("math", "lenient"),

@@ -4,7 +4,7 @@
     res = adapt(run)                                       # VL + text-only, trained or loaded; evaluated; cached
     res["panel_row"]                                      # the row in the panel schema (variant = QK-norm type)
 
-The adaptation is chapter 4's, unchanged: ``sinklib.pairs.build_pair`` (same synthetic scenes, the same
+The adaptation is chapter 4's, unchanged: ``sinklib.adapt.pairs.build_pair`` (same synthetic scenes, the same
 frozen random vision encoder, the LLaVA-1.5 projector, stage 1 = projector only, stage 2 = projector + every
 LM weight; the text-only control = stage 2 with each scene as its text description). Its checkpoints are
 cached by ``pairs.pair_params`` whose ``model`` is the tiny run's name and ``weights`` the SHA-256 of its
@@ -24,7 +24,7 @@ Every condition (base, vl, text_only; 'random' on request) is evaluated on the t
 (``sinklib.tiny.evaluate``: format strict / lenient, knowledge, perplexity), S and the sink mass map on the
 calibration prompts (``sinklib.tiny.train.measure``, the same S as along training), and VQA for 'vl'
 against the blind majority answer. The changes from base carry two 95 % intervals: chapter 4's (Wilson per
-score, MOVER for the difference: ``sinklib.verdicts``; conservative) and a paired bootstrap over the shared
+score, MOVER for the difference: ``sinklib.stats.verdicts``; conservative) and a paired bootstrap over the shared
 items (``paired_ci``).
 """
 from __future__ import annotations
@@ -36,15 +36,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .. import cache, pairs, panel_schema, vl
-from ..errors import ParameterError
-from ..evals.grading import paired_ci, paired_ppl_ci
-from ..models import Loaded
-from ..params import check_choice, check_int
-from ..verdicts import Est, diff, wilson_pct
-from .corpus import CORPUS_VERSION
-from .evaluate import EVAL_DEFAULTS, evaluate, summary
-from .train import TinyRun, measure
+from sinklib.core import cache
+from sinklib.adapt import pairs
+from sinklib.stats import schema as panel_schema
+from sinklib import vl
+from sinklib.errors import ParameterError
+from sinklib.evals.grading import paired_ci, paired_ppl_ci
+from sinklib.core.models import Loaded
+from sinklib.core.params import check_choice, check_int
+from sinklib.stats.verdicts import Est, diff, wilson_pct
+from sinklib.tiny.corpus import CORPUS_VERSION
+from sinklib.tiny.evaluate import EVAL_DEFAULTS, evaluate, summary
+from sinklib.tiny.train import TinyRun, measure
 
 _VERSION = 1
 #: chapter 4's recipe (vl.RECIPE) with the LM's stage-2 rates scaled to a tiny model (see module doc)
@@ -67,7 +70,7 @@ def model_name(run: TinyRun) -> str:
 
 
 def tiny_loaded(run: TinyRun) -> Loaded:
-    """A tiny run as a `sinklib.models.Loaded` (what chapter 4's pair code takes)."""
+    """A tiny run as a `sinklib.core.models.Loaded` (what chapter 4's pair code takes)."""
     return Loaded(model=run.model, tokenizer=run.tokenizer, name=model_name(run), device=torch.device("cpu"),
                   dtype=torch.float32, source="tiny", weights_sha256=cache.tensor_sha(run.model), load_seconds=0.0,
                   info={"train_key": run.key, "variant": run.params["variant"]})

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..cache import key_seed
-from ..errors import ParameterError
-from ..params import check_choice, check_float, check_int
+from sinklib.core.cache import key_seed
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_float, check_int
 
 #: bump whenever the generated text changes: it is part of every tokenizer's and model's cache key
 CORPUS_VERSION = 3

@@ -16,12 +16,12 @@ import math
 import time
 from collections.abc import Sequence
 
-from ..evals import SuiteResult
-from ..evals import lm as evlm
-from ..evals.grading import bootstrap_ppl_interval, bootstrap_ratio_interval, proportion_ci_pct
-from ..params import check_choice, check_int
-from .corpus import FORMAT_TASKS, N_COUNTRIES, eval_items
-from .grading import grade
+from sinklib.evals import SuiteResult
+from sinklib.evals import lm as evlm
+from sinklib.evals.grading import bootstrap_ppl_interval, bootstrap_ratio_interval, proportion_ci_pct
+from sinklib.core.params import check_choice, check_int
+from sinklib.tiny.corpus import FORMAT_TASKS, N_COUNTRIES, eval_items
+from sinklib.tiny.grading import grade
 
 TINY_SUITES = ("format", "knowledge", "perplexity")
 EVAL_DEFAULTS = {"n_format": 100, "n_knowledge": 3 * N_COUNTRIES, "n_prose": 40, "seed": 0, "batch_size": 32,

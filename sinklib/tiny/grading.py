@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ParameterError
-from .corpus import FormatItem
+from sinklib.errors import ParameterError
+from sinklib.tiny.corpus import FormatItem
 
 _WORD = re.compile(r"[A-Za-z]+")
 _INT = re.compile(r"-?\d+")

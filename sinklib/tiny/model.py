@@ -16,7 +16,7 @@ The layerwise subclass keeps the attention in transformers' attention-function r
 (``ALL_ATTENTION_FUNCTIONS``) and subclasses ``Qwen3Attention``, so the sink probe, eager
 ``output_attentions`` and every chapter's code see it like any other model. Its model_type
 ``sinkbook_layerwise_qk`` is registered with the Auto classes and mapped to the label
-``layerwise`` in ``sinklib.models.QK_NORM_BY_MODEL_TYPE`` when this module is imported (it must
+``layerwise`` in ``sinklib.core.models.QK_NORM_BY_MODEL_TYPE`` when this module is imported (it must
 be imported for such a model to exist).
 """
 from __future__ import annotations
@@ -29,11 +29,11 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3 import modeling_qwen3 as _q3
 
-from ..anatomy import QK_NORM_TYPES, decoder_layers
-from ..cache import RANDOM_SEED_MODULUS, key_seed
-from ..errors import ParameterError
-from ..params import check_choice, check_float, check_int
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+from sinklib.core.anatomy import QK_NORM_TYPES, decoder_layers
+from sinklib.core.cache import RANDOM_SEED_MODULUS, key_seed
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_float, check_int
+from sinklib.tiny.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 VARIANTS: tuple[str, ...] = QK_NORM_TYPES  # none, per_head, layerwise
 LAYERWISE_MODEL_TYPE = "sinkbook_layerwise_qk"
@@ -95,7 +95,7 @@ class LayerwiseQKForCausalLM(Qwen3ForCausalLM):
 def _register() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .. import models
+    from sinklib.core import models
 
     try:
         AutoConfig.register(LAYERWISE_MODEL_TYPE, LayerwiseQKConfig)
@@ -211,7 +211,7 @@ def build(variant: str, size: SizeConfig | dict | None = None, seed: int = 0) ->
 
 
 def qk_norm_of(model: nn.Module) -> str:
-    """The QK-norm label read from the modules (the rule of ``sinklib.bound_real``): no q_norm ->
+    """The QK-norm label read from the modules (the rule of ``sinklib.bound.real``): no q_norm ->
     'none'; a q_norm gain of head_dim entries -> 'per_head'; of all heads' width -> 'layerwise'."""
     attn = decoder_layers(model)[0].self_attn
     qn = getattr(attn, "q_norm", None)

@@ -1,6 +1,6 @@
 """Chapter 7's controlled panel: tiny base LMs in three QK-norm variants, several training settings per
 variant (so that S spreads *within* a variant), each adapted by chapter 4's VL recipe (`sinklib.tiny.adapt`),
-and the statistics of the claim on the resulting panel (reused from `sinklib.panel`).
+and the statistics of the claim on the resulting panel (reused from `sinklib.stats.panel`).
 
     python -m sinklib.tiny.panel --profile quick        # 2 models, a few dozen steps (tests, CI)
     python -m sinklib.tiny.panel --profile full         # 3 variants x SETTINGS (>= 12 models), all cached
@@ -22,14 +22,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import panel as stats
-from ..errors import ParameterError
-from ..panel_schema import validate_panel
-from ..params import check_choice, check_int
-from .adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
-from .evaluate import KNOWLEDGE_OPTIONS
-from .model import VARIANTS
-from .pilot import PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink_formed
+from sinklib.stats import panel as stats
+from sinklib.errors import ParameterError
+from sinklib.stats.schema import validate_panel
+from sinklib.core.params import check_choice, check_int
+from sinklib.tiny.adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
+from sinklib.tiny.evaluate import KNOWLEDGE_OPTIONS
+from sinklib.tiny.model import VARIANTS
+from sinklib.tiny.pilot import PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink_formed
 
 #: training settings, applied on top of the profile's base recipe (name -> overrides)
 SETTINGS: dict[str, dict] = {
@@ -93,7 +93,7 @@ def _total(x) -> float:
 def knowledge_above_chance(ci_low: float) -> bool:
     """Whether a base knowledge accuracy lies above chance: the lower end of its Wilson 95 % interval (%, as
     the evaluation stores it) above 100 / KNOWLEDGE_OPTIONS %."""
-    from .evaluate import KNOWLEDGE_OPTIONS
+    from sinklib.tiny.evaluate import KNOWLEDGE_OPTIONS
 
     return bool(ci_low > 100 / KNOWLEDGE_OPTIONS)
 
@@ -107,7 +107,7 @@ def _prepare_one(job: tuple[dict, str, int]) -> dict:
     spec, profile, threads = job
     import torch
 
-    from .train import train_tiny
+    from sinklib.tiny.train import train_tiny
 
     torch.set_num_threads(threads)
     prof = PROFILES[profile]
@@ -125,7 +125,7 @@ def prepare(plan: Sequence[dict], profile: str, *, jobs: int = 2, threads: int =
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from .train import run_tokenizer, train_params
+    from sinklib.tiny.train import run_tokenizer, train_params
 
     jobs = check_int("jobs", jobs, 1, 64)
     threads = check_int("threads", threads, 1, 256)
@@ -157,7 +157,7 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
     for spec in plan:
         t1 = time.perf_counter()
         base = pilot(spec["variant"], eval_kwargs=_eval_kwargs(prof), progress=progress, **spec["train"])
-        from .train import train_tiny
+        from sinklib.tiny.train import train_tiny
 
         run = train_tiny(spec["variant"], **spec["train"])
         res = adapt(run, recipe=prof["recipe"], eval_kwargs=prof["eval"], progress=progress)
@@ -191,7 +191,7 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
 def results_entry(rows: pd.DataFrame) -> dict:
     """What chapter 7 saves so that chapter 5 reads its rows as the controlled panel
     (``results[PANEL_KEYS['tiny']]``, read back by ``collect_panel_rows(panel='tiny')``)."""
-    from ..panel_schema import PANEL_KEYS
+    from sinklib.stats.schema import PANEL_KEYS
 
     df = validate_panel(rows, where="tiny panel")
     return {PANEL_KEYS["tiny"]: json.loads(df.to_json(orient="records"))}
@@ -220,7 +220,7 @@ def preconditions(rows: pd.DataFrame) -> pd.DataFrame:
 def beyond_architecture(partial_rho: float, partial_p: float, alpha: float = 0.05) -> str:
     """The verdict on "S adds to the QK-norm type" (chapter 7's H2 and the claims page's 7e): the partial rho's
     two-sided within-variant permutation p-value below `alpha` decides, its sign gives the direction."""
-    from ..verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
     if not partial_p < alpha:
         return INCONCLUSIVE
@@ -228,14 +228,14 @@ def beyond_architecture(partial_rho: float, partial_p: float, alpha: float = 0.0
 
 
 def _rho_est(rho_table: pd.DataFrame, task: str):
-    from ..verdicts import Est
+    from sinklib.stats.verdicts import Est
 
     r = rho_table.set_index("task").loc[task]
     return Est(float(r["rho"]), float(r["ci_boot_lo"]), float(r["ci_boot_hi"])), r
 
 
 def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """A verdict per hypothesis of the paper on the controlled panel, by the book's rules (`sinklib.verdicts`):
+    """A verdict per hypothesis of the paper on the controlled panel, by the book's rules (`sinklib.stats.verdicts`):
     the 95 % interval decides; a statistic that could not be computed is inconclusive, with the reason.
 
     H1 S predicts the strict-format change (rho > 0: a stronger sink, a smaller loss); H2 S adds to the QK-norm
@@ -248,9 +248,9 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
 
     from scipy import stats as sst
 
-    from ..panel_schema import TINY_STRICT_TASK, task_column
-    from ..reported import reported
-    from ..verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, direction, est
+    from sinklib.stats.schema import TINY_STRICT_TASK, task_column
+    from sinklib.book.reported import reported
+    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, direction, est
 
     out = []
     paper_rho = f"rho {reported('rho_ifeval_6'):.3f} (6 pairs, IFEval)"
@@ -399,7 +399,7 @@ STAT_KW = {"n_boot": 9999, "n_perm": 99999}
 
 
 def panel_statistics(df: pd.DataFrame, tasks: Sequence[str] = TASKS, *, seed: int = 0, **kw) -> dict[str, pd.DataFrame]:
-    """`sinklib.panel.panel_summary` on the tiny panel's task columns (never raises on a small panel), with
+    """`sinklib.stats.panel.panel_summary` on the tiny panel's task columns (never raises on a small panel), with
     chapter 5's resampling sizes (`STAT_KW`) unless given."""
     return stats.panel_summary(df, [t for t in tasks if t in df.columns], seed=seed, **{**STAT_KW, **kw})
 
@@ -434,7 +434,7 @@ if __name__ == "__main__":
 
 
 def _chapter7_params() -> dict:
-    from ..params import COMMON, boolean, choice, integer, list_of
+    from sinklib.core.params import COMMON, boolean, choice, integer, list_of
 
     return {"panel": choice(tuple(PROFILES)), "variants": list_of(choice(VARIANTS)),
             "settings": list_of(choice(tuple(SETTINGS))), "jobs": integer(1, 64), "threads": integer(1, 256),

@@ -19,11 +19,11 @@ import time
 import numpy as np
 import torch
 
-from ..cache import cached_json
-from .corpus import CORPUS_VERSION
-from .evaluate import EVAL_DEFAULTS, evaluate, summary
-from .model import VARIANTS
-from .train import TRAIN_DEFAULTS, train_tiny
+from sinklib.core.cache import cached_json
+from sinklib.tiny.corpus import CORPUS_VERSION
+from sinklib.tiny.evaluate import EVAL_DEFAULTS, evaluate, summary
+from sinklib.tiny.model import VARIANTS
+from sinklib.tiny.train import TRAIN_DEFAULTS, train_tiny
 
 #: the pilot's goal (issue 12): S clearly above its initial value; every suite's base score in this band (%)
 SCORE_BAND = (20.0, 95.0)
@@ -63,9 +63,9 @@ PILOT_RECIPE: dict = {"chain_share": 0.3, "size": {"n_heads": 8}, "steps": 1000}
 
 def S_from_mass(mass, first_layer: int = 1) -> float:
     """S recomputed from a logged sink-mass map [L, H] over layers >= first_layer (median of the heads'
-    log-odds, the 'mass_then_logodds' rule of `sinklib.sink`): S without layer 0, where sinks rarely form.
+    log-odds, the 'mass_then_logodds' rule of `sinklib.core.sink`): S without layer 0, where sinks rarely form.
     With first_layer=0 it equals the logged S (K clamped to the depth)."""
-    from ..sink import logit, strength_from_logodds
+    from sinklib.core.sink import logit, strength_from_logodds
 
     m = np.asarray(mass, dtype=float)[first_layer:]
     return strength_from_logodds(logit(m), len(m))
@@ -103,8 +103,8 @@ def trial_table(trials=None, *, only_cached: bool = True, evaluate_too: bool = F
     `evaluate_too`). With `only_cached` a configuration not in the cache is listed with NaNs, not trained."""
     import pandas as pd
 
-    from ..cache import checkpoint_exists
-    from .train import run_dir, train_params
+    from sinklib.core.cache import checkpoint_exists
+    from sinklib.tiny.train import run_dir, train_params
 
     rows = []
     for label, variant, kw in (PILOT_TRIALS if trials is None else trials):

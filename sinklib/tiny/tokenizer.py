@@ -13,9 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-from ..cache import key, root
-from ..params import check_bool, check_int
-from .corpus import CORPUS_VERSION, check_corpus_params, make_corpus
+from sinklib.core.cache import key, root
+from sinklib.core.params import check_bool, check_int
+from sinklib.tiny.corpus import CORPUS_VERSION, check_corpus_params, make_corpus
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

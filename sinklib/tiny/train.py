@@ -1,4 +1,4 @@
-"""Training a tiny LM from scratch on the tiny corpus, through the one training loop `sinklib.train.run`,
+"""Training a tiny LM from scratch on the tiny corpus, through the one training loop `sinklib.core.train.run`,
 with sink measurements along the way, cached by its parameters.
 
     docs = make_corpus(n_docs, seed)                 # strings; tokenised without special tokens
@@ -8,12 +8,12 @@ with sink measurements along the way, cached by its parameters.
                 AdamW (decay on matrices only), warm-up then cosine/constant, clip at max_grad_norm
 
 At each step of `checkpoints` (0 = before training) the log records, on the calibration prompts
-(`corpus.calibration_prompts`, never trained on): S (``sinklib.sink.sink_strength``, the sink = the
+(`corpus.calibration_prompts`, never trained on): S (``sinklib.core.sink.sink_strength``, the sink = the
 first token, K clamped to the depth), the sink mass map [L, H], and the hidden-state norm of the
 sink token against the median of the other tokens, per layer [L + 1] (see `sink_norms`).
 
 A run is stored as ``cache_dir()/tiny/models/<key>/`` (model.safetensors + meta.json with the
-parameters and the log) by ``sinklib.cache.save_checkpoint``; the same parameters load it back.
+parameters and the log) by ``sinklib.core.cache.save_checkpoint``; the same parameters load it back.
 """
 from __future__ import annotations
 
@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import train as loop
-from ..anatomy import clamp_last_k, pad_batch
-from ..cache import checkpoint_exists, key, key_seed, load_checkpoint, root, save_checkpoint
-from ..errors import ParameterError, SinkbookError
-from ..params import check_bool, check_choice, check_float, check_int, check_list
-from ..sink import sink_strength
-from .corpus import CORPUS_VERSION, calibration_prompts, make_corpus
-from .model import VARIANTS, SizeConfig, build, n_parameters, size_config
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_DEFAULTS, get_tokenizer, tokenizer_params
+from sinklib.core import train as loop
+from sinklib.core.anatomy import clamp_last_k, pad_batch
+from sinklib.core.cache import checkpoint_exists, key, key_seed, load_checkpoint, root, save_checkpoint
+from sinklib.errors import ParameterError, SinkbookError
+from sinklib.core.params import check_bool, check_choice, check_float, check_int, check_list
+from sinklib.core.sink import sink_strength
+from sinklib.tiny.corpus import CORPUS_VERSION, calibration_prompts, make_corpus
+from sinklib.tiny.model import VARIANTS, SizeConfig, build, n_parameters, size_config
+from sinklib.tiny.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_DEFAULTS, get_tokenizer, tokenizer_params
 
 _VERSION = 1
 #: the pilot's recipe (python -m sinklib.tiny.pilot): 600 steps of 16 x 128 tokens

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..cache import RANDOM_SEED_MODULUS, key_seed
-from ..errors import ParameterError
-from ..params import check_choice, check_int
+from sinklib.core.cache import RANDOM_SEED_MODULUS, key_seed
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_int
 
 def clone_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A detached copy of the model's state dict (tied weights stay tied: one copy, two keys)."""
@@ -139,7 +139,7 @@ def scaled_change(base_sd: Mapping[str, torch.Tensor], other_sd: Mapping[str, to
     """base + scale * (other - base) for every floating-point tensor (non-float tensors from the base): the
     random control at `scale` times the VL change's norm, when `other_sd` is `random_direction_like`'s result.
     Tied tensors stay tied (one new tensor per shared storage)."""
-    from ..params import check_float
+    from sinklib.core.params import check_float
 
     scale = check_float("scale", scale, 0.0, 1000.0)
     _check_pair(base_sd, other_sd, "other_sd")

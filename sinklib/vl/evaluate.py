@@ -8,11 +8,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..anatomy import decoder, head_logits
-from ..errors import ParameterError
-from ..params import check_choice, check_int
-from .model import FrozenVisionEncoder, Projector, _eos_id, _segments, answer_logits, build_batch
-from .scenes import ANSWERS, QUESTION_TYPES, QAItem, Scene, check_qtypes, eval_items, majority_baseline, make_items
+from sinklib.core.anatomy import decoder, head_logits
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_int
+from sinklib.vl.model import FrozenVisionEncoder, Projector, _eos_id, _segments, answer_logits, build_batch
+from sinklib.vl.scenes import (ANSWERS, QUESTION_TYPES, QAItem, Scene, check_qtypes, eval_items, majority_baseline,
+    make_items)
 
 #: held-out VQA items of a run with seed s use eval_items(seed=s + VQA_EVAL_SEED_OFFSET)
 VQA_EVAL_SEED_OFFSET = 10_000
@@ -175,7 +176,7 @@ def against_majority(accuracy: float, n: int, seed: int, image_size: int) -> dic
     """Held-out VQA accuracy (a fraction over `n` items of `heldout_items(n, seed, image_size)`) against the blind
     majority answer on the same items: {'vqa', 'vqa_lo', 'vqa_hi' (Wilson 95 %), 'n', 'majority' (all in %),
     'learned': the interval lies above the majority baseline}. The rule chapters 4 and 7 judge a VL model by."""
-    from ..evals.grading import wilson_interval
+    from sinklib.evals.grading import wilson_interval
 
     n = check_int("n", n, 1)
     lo, hi = wilson_interval(int(round(accuracy * n)), n)

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..anatomy import decoder, device_dtype, head_logits
-from ..errors import ParameterError
-from ..params import check_choice, check_int
-from .scenes import COLOURS, GRID, SHAPES, QAItem, Scene, check_image_size, describe, make_scenes
+from sinklib.core import cache
+from sinklib.core.anatomy import decoder, device_dtype, head_logits
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_int
+from sinklib.vl.scenes import COLOURS, GRID, SHAPES, QAItem, Scene, check_image_size, describe, make_scenes
 
 #: the seed offset of the fixed scenes that calibrate a new projector's output scale
 PROJECTOR_CALIBRATION_SEED_OFFSET = 10_000
@@ -308,3 +309,29 @@ def answer_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
 def answer_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens (answer word pieces + eos) of the batch; a scalar."""
     return nn.functional.cross_entropy(answer_logits(model, batch), batch.targets)
+
+
+def _rebuild_parts(path, info: dict, dev, dt) -> tuple:
+    """The projector and the frozen encoder of a VL checkpoint (the encoder rebuilt from its config and checked
+    against its saved weights hash)."""
+    from safetensors.torch import load_file
+
+    from sinklib.errors import SinkbookError
+
+    projector = encoder = None
+    if "projector" in info:
+        projector = Projector(**info["projector"])
+        projector.load_state_dict(load_file(str(path / "projector.safetensors")))
+        projector = projector.to(device=dev, dtype=dt).eval()
+    if "encoder" in info:
+        encoder = make_encoder(**info["encoder"]).to(dev)
+        if cache.tensor_sha(encoder) != info["encoder_sha256"]:
+            raise SinkbookError(f"the rebuilt vision encoder differs from the one saved in {path} (weights hash "
+                                "mismatch; a different torch version draws different random numbers); retrain")
+    return projector, encoder
+
+
+def load_checkpoint(path, model: nn.Module, weights: bool = True) -> "cache.Checkpoint":
+    """Load a checkpoint written by `cache.save_checkpoint` into `model` (in place) and rebuild its projector and
+    encoder. `weights=False`: projector, encoder and meta only; `model` keeps its weights."""
+    return cache.load_checkpoint(path, model, weights, parts=_rebuild_parts)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ParameterError
-from ..params import check_choice, check_int
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_int
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40),

@@ -1,5 +1,5 @@
 """Training the miniature VLM (two LLaVA-style stages) and its matched text-only control, both
-through the one training loop `sinklib.train.run`.
+through the one training loop `sinklib.core.train.run`.
 
 Stage 1 trains the projector only (every LM weight frozen); stage 2 trains every LM parameter
 (at `lr_lm`) and the projector. AdamW, a short linear warm-up, then a constant (default) or
@@ -16,16 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import train
-from ..anatomy import device_dtype
-from ..errors import ParameterError
-from ..params import check_choice, check_float, check_int
-from .model import Batch, FrozenVisionEncoder, Projector, answer_loss, build_batch, make_encoder, make_projector
-from .scenes import ANSWER_STYLES, GRID, QUESTION_TYPES, batch_items, check_image_size, check_qtypes, sentence_answer
+from sinklib.core import train
+from sinklib.core.anatomy import device_dtype
+from sinklib.errors import ParameterError
+from sinklib.core.params import check_choice, check_float, check_int
+from sinklib.vl.model import (Batch, FrozenVisionEncoder, Projector, answer_loss, build_batch, make_encoder,
+    make_projector)
+from sinklib.vl.scenes import (ANSWER_STYLES, GRID, QUESTION_TYPES, batch_items, check_image_size, check_qtypes,
+    sentence_answer)
 
 SCHEDULES = train.SCHEDULES
 # The training recipe of the book's full profile (chapter 4), the one place it is defined: the
-# defaults of train_vl / train_text_only and of sinklib.pairs.pair_params.
+# defaults of train_vl / train_text_only and of sinklib.adapt.pairs.pair_params.
 RECIPE = {"stage1_steps": 200, "stage2_steps": 60, "batch_size": 32, "lr_projector": 1e-2, "lr_lm": 5e-5,
           "lr_projector_stage2": 5e-5, "schedule": "constant"}
 #: per-model stage-2 rates where chapter 4's stage-2 sweep found the shared one too high: Gemma-3 at 5e-5 ends

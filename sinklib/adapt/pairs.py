@@ -1,0 +1,669 @@
+"""Adapted pairs: a base LLM and what VL adaptation (and its two controls) made of it.
+
+Chapter 4 builds the pairs, chapters 5 and 6 reuse them. Every condition is trained once and
+cached by a key of its parameters (``sinklib.core.cache.key``), so a rerun loads instead of
+training, and chapter 6 finds chapter 4's checkpoints without rerunning chapter 4.
+
+This module is the contract between chapter 4 and the chapters that read it: the parameters of a
+pair (`pair_params`), its evaluated conditions (`evaluate_condition`, `evaluation_key`), the
+score changes (`score_deltas`), the strict-format mean (`strict_mean`), the panel rows chapter 5
+reads (`panel_row`, its strict column `sinklib.stats.schema.STRICT_TASK`) and chapter 4's results as chapter 6 reads them
+(`chapter4_pairs`).
+
+Conditions of one pair:
+    base        the base LLM as loaded
+    vl          two-stage LLaVA-style adaptation (projector, then projector + LM)
+    text_only   the matched text-only fine-tune (same steps, optimiser, answers; scene as text)
+    random      base + a norm-matched random change (per tensor, same norm as the VL change)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sinklib.core import cache
+from sinklib import vl
+from sinklib.core.anatomy import clamp_last_k
+from sinklib.errors import ParameterError, ResultsMissing
+from sinklib.core.models import Loaded
+from sinklib.evals import COUNT_PARAMS
+from sinklib.core.models import MODEL_PARAMS
+from sinklib.core.params import (COMMON, Dependent, boolean, check_choice, check_float, check_int, check_list,
+    choice, integer, list_of, number, optional, text)
+from sinklib.core.sink import prompt_count
+
+CONDITIONS = ("base", "vl", "text_only", "random")
+#: conditions a pair can add on request (`build_pair(extra=...)`): the format-preserving text-only control
+#: (the same items with every answer written as a full sentence, `vl.sentence_answer`)
+EXTRA_CONDITIONS = ("text_sentence",)
+TRAINED = ("vl", "text_only") + EXTRA_CONDITIONS
+
+
+def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps: int = vl.RECIPE["stage1_steps"],
+                stage2_steps: int = vl.RECIPE["stage2_steps"], batch_size: int = vl.RECIPE["batch_size"],
+                lr_projector: float = vl.RECIPE["lr_projector"], lr_lm: float = vl.RECIPE["lr_lm"],
+                lr_projector_stage2: float | None = vl.RECIPE["lr_projector_stage2"],
+                schedule: str = vl.RECIPE["schedule"], weights: str = "") -> dict:
+    """The parameters that identify an adapted pair (validated); `weights` is the base weights hash.
+
+    Defaults: `sinklib.vl.RECIPE`. `lr_projector_stage2=None` keeps `lr_projector` in stage 2; the
+    key always holds the resolved rate.
+    """
+    lr_projector = check_float("lr_projector", lr_projector, 0.0, 1.0)
+    return {
+        "model": model, "weights": weights,
+        "seed": check_int("seed", seed, 0),
+        "image_size": vl.check_image_size(image_size),
+        "stage1_steps": check_int("stage1_steps", stage1_steps, 0, 10**6),
+        "stage2_steps": check_int("stage2_steps", stage2_steps, 1, 10**6),
+        "batch_size": check_int("batch_size", batch_size, 1, 4096),
+        "lr_projector": lr_projector,
+        "lr_lm": check_float("lr_lm", lr_lm, 0.0, 1.0),
+        "lr_projector_stage2": lr_projector if lr_projector_stage2 is None
+        else check_float("lr_projector_stage2", lr_projector_stage2, 0.0, 1.0),
+        "schedule": check_choice("schedule", schedule, vl.SCHEDULES),
+    }
+
+
+def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
+    """Checkpoint folder of one trained condition (`TRAINED`: 'vl', 'text_only', 'text_sentence')."""
+    if kind not in TRAINED:
+        raise ParameterError(f"parameter 'kind' got {kind!r}; allowed: {', '.join(map(repr, TRAINED))}")
+    return cache.checkpoint_dir(cache.key({**params, "kind": kind}))
+
+
+class LazyStates(MutableMapping):
+    """Condition -> LM state dict, where a condition may be given as a zero-argument function that makes its state
+    dict on first use (read from a cached checkpoint, or drawn): a rerun whose evaluations are all cached never
+    reads the weights. A dict in every other way; `ready(condition)` says whether a state is made already."""
+
+    def __init__(self, made: Mapping[str, dict] | None = None, **_: Any) -> None:
+        self._data: dict[str, Any] = dict(made or {})
+
+    def defer(self, condition: str, make: Callable[[], dict]) -> None:
+        """Make the state of `condition` by `make()` when it is first read."""
+        self._data[condition] = _Deferred(make)
+
+    def ready(self, condition: str) -> bool:
+        return not isinstance(self._data[condition], _Deferred)
+
+    def __getitem__(self, condition: str) -> dict:
+        v = self._data[condition]
+        if isinstance(v, _Deferred):
+            v = self._data[condition] = v.make()
+        return v
+
+    def __contains__(self, condition: object) -> bool:  # Mapping's would read the state
+        return condition in self._data
+
+    def __setitem__(self, condition: str, state: dict) -> None:
+        self._data[condition] = state
+
+    def __delitem__(self, condition: str) -> None:
+        del self._data[condition]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"LazyStates({', '.join(c + ('' if self.ready(c) else ' (not read yet)') for c in self._data)})"
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    make: Callable[[], dict]
+
+
+@dataclass
+class Pair:
+    """State dicts of every condition of one base model, plus the VL projector/encoder and training logs."""
+
+    params: dict
+    states: MutableMapping[str, dict[str, torch.Tensor]]  # condition -> LM state dict (a dict or LazyStates)
+    projector: Any
+    encoder: Any
+    logs: dict[str, dict] = field(default_factory=dict)   # condition -> meta (history, callbacks, budget, seconds)
+    trained_now: dict[str, bool] = field(default_factory=dict)
+
+    def load_into(self, model: torch.nn.Module, condition: str) -> torch.nn.Module:
+        """Put one condition's weights into `model` (same architecture), in place; eval mode."""
+        if condition not in self.states:
+            raise ParameterError(f"parameter 'condition' got {condition!r}; allowed: {', '.join(self.states)}")
+        model.load_state_dict(self.states[condition], strict=True)
+        return model.eval()
+
+
+def _meta_of(res: vl.VLResult) -> dict:
+    return {"history": res.history, "callbacks": res.callbacks, "budget": res.budget, "seconds": res.seconds,
+            "params": res.params}
+
+
+def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | None = None, callback_every: int = 0,
+               progress: bool = True, retrain: bool = False, extra: Sequence[str] = ()) -> Pair:
+    """Train (or load from the cache) the VL and text-only conditions of `lm`, and draw the random control.
+
+    `lm.model` ends holding the base weights again. `callback(step, model, ...)` is passed to the
+    trainings (for S along training); cached conditions keep the callbacks of the run that made them.
+    `extra`: conditions of `EXTRA_CONDITIONS` to train (or load) as well.
+    """
+    extra = tuple(check_choice("extra[]", e, EXTRA_CONDITIONS) for e in extra)
+    model, tok = lm.model, lm.tokenizer
+    params = dict(params)
+    base_sd = vl.clone_state_dict(model)
+    states = LazyStates({"base": base_sd})
+    logs: dict[str, dict] = {}
+    trained: dict[str, bool] = {}
+    projector = encoder = None
+    common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
+                  schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every, progress=progress)
+
+    for kind in ("vl", "text_only", *extra):
+        path = condition_dir(params, kind)
+        if cache.checkpoint_exists(path) and not retrain:  # its weights are read when first needed
+            ck = vl.load_checkpoint(path, model, weights=False)
+            logs[kind] = ck.meta
+            if kind == "vl":
+                projector, encoder = ck.projector, ck.encoder
+            states.defer(kind, lambda path=path: cache.load_state(path, model))
+            trained[kind] = False
+            continue
+        model.load_state_dict(base_sd, strict=True)
+        if kind == "vl":
+            res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
+                              lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
+                              lr_projector_stage2=params.get("lr_projector_stage2"), **common)
+            projector, encoder = res.projector, res.encoder
+        else:  # text_sentence: the format-preserving control, one-word answers written as sentences
+            res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"],
+                                     answer_style="sentence" if kind == "text_sentence" else "word", **common)
+        logs[kind] = _meta_of(res)
+        cache.save_checkpoint(path, model, projector if kind == "vl" else None, encoder if kind == "vl" else None,
+                              meta=logs[kind])
+        trained[kind] = True
+        states[kind] = vl.clone_state_dict(model)
+
+    states.defer("random", lambda: vl.random_direction_like(base_sd, states["vl"], seed=params["seed"]))
+    model.load_state_dict(base_sd, strict=True)
+    model.eval()
+    return Pair(params=params, states=states, projector=projector, encoder=encoder, logs=logs, trained_now=trained)
+
+
+def _stamps(params: Mapping[str, Any], condition: str) -> dict | None:
+    """The checkpoint stamps a condition's weights derive from (None: a condition with no cached checkpoint)."""
+    kinds = {"random": ("vl",)}.get(condition, (condition,))
+    if any(k not in TRAINED or not cache.checkpoint_exists(condition_dir(params, k)) for k in kinds):
+        return None
+    return {k: cache.checkpoint_stamp(condition_dir(params, k)) for k in kinds}
+
+
+def relative_change(pair: Pair, condition: str, *, whole: bool = False) -> list[dict]:
+    """`vl.relative_change_by_group` of one condition against the pair's base: rows {group, tensors, parameters,
+    relative change, largest tensor}. Cached under the stamps of the checkpoints it comes from (the random control:
+    the VL checkpoint and the pair's seed), so a rerun reads no weights; conditions without a checkpoint are
+    computed each time."""
+    if condition not in pair.states or condition == "base":
+        raise ParameterError(f"parameter 'condition' got {condition!r}; allowed: "
+                             f"{', '.join(c for c in pair.states if c != 'base')}")
+
+    def compute() -> dict:
+        return {"rows": vl.relative_change_by_group(pair.states["base"], pair.states[condition], whole=whole)}
+
+    stamps = _stamps(pair.params, condition)
+    if stamps is None:
+        return compute()["rows"]
+    return cache.cached_json({"what": "relative change", "pair": dict(pair.params), "condition": condition,
+                              "whole": bool(whole), "checkpoints": stamps}, compute)["rows"]
+
+
+def weight_change(built: Mapping[str, Pair], conditions: Sequence[str] = ("vl", "text_only", "random")) -> pd.DataFrame:
+    """Chapter 4's weight-change rows: per model, condition and tensor group, `relative_change` (columns model,
+    condition, group, tensors, parameters, relative change, largest tensor)."""
+    return pd.DataFrame([{"model": n, "condition": c, **r} for n, b in built.items() for c in conditions
+                         for r in relative_change(b, c)])
+
+
+def runtime_rows(model: str, logs: Mapping[str, Mapping[str, Any]], suffix: str = "") -> list[dict]:
+    """Chapter 4's run-time rows of one pair's training logs (`Pair.logs`): per condition (its name + `suffix`)
+    and stage, the steps, the stage's seconds (along-training measurements included) and the median seconds of
+    one optimiser step."""
+    rows = []
+    for cond, log in logs.items():
+        h = pd.DataFrame(log["history"])
+        for stage, sec in log["seconds"].items():
+            hs = h[h.stage.str.contains("stage 1" if stage == "stage1" else "stage 2|text", regex=True)] if len(h) else h
+            rows.append({"model": model, "condition": cond + suffix, "stage": stage, "steps": len(hs),
+                         "seconds": round(sec), "median s/step": round(float(hs.seconds.median()), 2)
+                         if len(hs) else np.nan})
+    return rows
+
+
+def load_pair(lm: Loaded, params: Mapping[str, Any]) -> Pair:
+    """The pair chapter 4 built, from the cache; a clear error names the notebook that builds it."""
+    for kind in ("vl", "text_only"):
+        if not cache.checkpoint_exists(condition_dir(params, kind)):
+            raise ResultsMissing(
+                f"no cached {kind!r} checkpoint for {params['model']} with these parameters "
+                f"({condition_dir(params, kind)}): run notebooks/04_vl_adaptation.ipynb first with the same "
+                "profile, e.g. `python -m sinklib.book run --profile full --only 04`")
+    return build_pair(lm, params, progress=False)
+
+
+# ---------------------------------------------------------------------------------------
+# cached evaluations (a rerun of a chapter skips finished work)
+
+EVAL_VERSION = 2  # part of every evaluation key: bump it only to invalidate every cached evaluation (2: per-item outcomes)
+
+
+def sink_settings(model: torch.nn.Module, last_k_layers: int, max_tokens: int) -> dict:
+    """The Sink Strength settings of an evaluation (K clamped to the model's depth)."""
+    return {"max_tokens": max_tokens, "last_k_layers": clamp_last_k(last_k_layers, model)}
+
+
+def per_model_kwargs(lm: Loaded, chapter_kwargs: Mapping[str, Any]) -> dict:
+    """`evaluate_condition` keyword arguments for one model from a chapter's: `last_k_layers` and `max_tokens`
+    replaced by that model's `sink_kwargs` (`sink_settings`, K clamped to its depth); the rest kept."""
+    for k in ("last_k_layers", "max_tokens"):
+        if k not in chapter_kwargs:
+            raise ParameterError(f"missing keyword {k!r}: the chapter's Sink Strength settings set each model's sink_kwargs")
+    kw = {k: v for k, v in chapter_kwargs.items() if k not in ("last_k_layers", "max_tokens")}
+    return {**kw, "sink_kwargs": sink_settings(lm.model, chapter_kwargs["last_k_layers"], chapter_kwargs["max_tokens"])}
+
+
+def evaluation_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Mapping[str, int], seed: int,
+                   prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int, eval_batch_size: int,
+                   key_extra: Mapping[str, Any] | None = None) -> dict:
+    """The parameters that identify one evaluated condition (hashed by `sinklib.core.cache.key`)."""
+    from sinklib.evals.items import fingerprint
+
+    key = {"pair": dict(pair_params), "condition": condition, "eval_n": dict(eval_n), "seed": seed,
+           "prompts": prompts, "sink": dict(sink_kwargs), "vqa_n": vqa_n, "eval_batch_size": eval_batch_size,
+           "items": fingerprint(dict(eval_n)), "version": EVAL_VERSION}
+    if key_extra:
+        key["extra"] = dict(key_extra)
+    return key
+
+
+def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mapping[str, int], seed: int = 0,
+                       prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int = 0,
+                       eval_batch_size: int = 8, refresh: bool = False, key_extra: Mapping[str, Any] | None = None) -> dict:
+    """Text suites, Sink Strength and (for 'vl') VQA accuracy of one condition; cached by its parameters.
+
+    Returns {"scores": [rows of evals.results_table], "outcomes": per-item outcomes (`evals.paired.outcomes`),
+    "S": float, "mass": [L][H], "vqa": (acc, n) | None}.
+    `lm.model` is left holding the base weights. `key_extra` joins the cache key (for example the
+    parameters of a merge that made the condition).
+    """
+    from sinklib import evals
+    from sinklib.core import sink
+    from sinklib.evals.paired import outcomes
+
+    eval_n = {k: check_int(f"eval_n[{k}]", v, 0, 10**6) for k, v in dict(eval_n).items()}
+    key = evaluation_key(pair.params, condition, eval_n=eval_n, seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
+                         vqa_n=vqa_n, eval_batch_size=eval_batch_size, key_extra=key_extra)
+
+    def compute() -> dict:
+        model = pair.load_into(lm.model, condition)
+        try:
+            suites = tuple(k for k, v in eval_n.items() if v > 0)
+            res = evals.run_suites(model, lm.tokenizer, suites=suites, n_items=eval_n, seed=seed,
+                                   batch_size=eval_batch_size) if suites else {}
+            s = sink.sink_strength(model, prompts, tokenizer=lm.tokenizer, all_layers=True, **sink_kwargs)
+            vqa = None
+            if vqa_n and not condition.startswith("text") and pair.projector is not None:
+                acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
+                                         vl.heldout_items(vqa_n, seed, pair.params["image_size"]))
+                vqa = [acc, n]
+            return {"scores": evals.results_table(res), "outcomes": outcomes(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
+                    "seconds": {k: r.seconds for k, r in res.items()}}
+        finally:
+            pair.load_into(lm.model, "base")
+
+    return cache.cached_json(key, compute, refresh=refresh)
+
+
+# ---------------------------------------------------------------------------------------
+# score changes, the strict-format mean and the panel rows (chapter 4 -> chapters 5 and 6)
+
+#: the (suite, metric) pairs chapter 4 compares between conditions, in table order
+MAIN_METRICS: tuple[tuple[str, str], ...] = (("instructions", "strict"), ("instructions", "lenient"),
+                                             ("math", "strict"), ("math", "lenient"), ("knowledge", "acc"),
+                                             ("perplexity", "ppl"))
+#: the format-sensitive scores whose mean is "the strict-format score" of a condition
+STRICT_METRICS: tuple[str, ...] = ("instructions strict", "math strict")
+
+
+def score_table(evaluations: Mapping[tuple[str, str], dict]) -> pd.DataFrame:
+    """{(model, condition): evaluate_condition(...)} -> one row per (model, condition, suite, metric)."""
+    return pd.DataFrame([{"model": name, "condition": cond, **r}
+                         for (name, cond), ev in evaluations.items() for r in ev["scores"]])
+
+
+def score_deltas(scores: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")) -> pd.DataFrame:
+    """Change of every main metric from the base model: columns model, condition, metric ('suite metric'), change."""
+    rows = []
+    for name in dict.fromkeys(scores.model):
+        base = scores[(scores.model == name) & (scores.condition == "base")].set_index(["suite", "metric"]).score
+        for cond in conditions:
+            cur = scores[(scores.model == name) & (scores.condition == cond)].set_index(["suite", "metric"]).score
+            for s, m in MAIN_METRICS:
+                if (s, m) in base.index:
+                    rows.append({"model": name, "condition": cond, "metric": f"{s} {m}",
+                                 "change": cur[(s, m)] - base[(s, m)]})
+    return pd.DataFrame(rows)
+
+
+def paired_table(evaluations: Mapping[tuple[str, str], dict], conditions: Sequence[str] = ("vl", "text_only", "random"),
+                 ref: str = "base", *, seed: int = 0) -> pd.DataFrame:
+    """Paired changes of every condition from `ref` on the same items: one row per (model, condition, metric)
+    with the scores, the change, its paired bootstrap 95 % interval, the exact McNemar p-value and the items
+    lost / gained (`sinklib.evals.paired.paired_changes`), plus a row 'strict-format mean' (`STRICT_METRICS`)
+    whose interval and p-value come from the paired bootstrap of the mean. evaluations: {(model, condition):
+    evaluate_condition(...)} (each with 'outcomes')."""
+    from sinklib.evals import paired
+
+    rows = []
+    for name in dict.fromkeys(m for m, _ in evaluations):
+        b = evaluations[(name, ref)]
+        for cond in conditions:
+            if (name, cond) not in evaluations:
+                continue
+            o = evaluations[(name, cond)]
+            for r in paired.paired_changes(b, o, seed=seed):
+                if tuple(r["metric"].split(" ", 1)) in MAIN_METRICS:
+                    rows.append({"model": name, "condition": cond, "test": "McNemar" if r["metric"] != "perplexity ppl"
+                                 else "bootstrap", **r})
+            held = [m for m in STRICT_METRICS if m in b["outcomes"] and m in o["outcomes"]]
+            if held:
+                point, draws = paired.change(b["outcomes"], o["outcomes"], held, seed=seed)
+                e = paired.estimate(point, draws)
+                rows.append({"model": name, "condition": cond, "test": "bootstrap", "metric": "strict-format mean",
+                             "base": strict_mean({m: paired.score(b["outcomes"], m) for m in held}),
+                             "other": strict_mean({m: paired.score(o["outcomes"], m) for m in held}),
+                             "change": e.v, "lo": e.lo, "hi": e.hi, "p": paired.p_two_sided(draws),
+                             "lost": np.nan, "gained": np.nan})
+    return pd.DataFrame(rows)
+
+
+def seed_summary(tables: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
+    """`paired_table`s of several training seeds -> one row per (model, condition, metric): the mean change over
+    seeds, its spread (smallest and largest change, standard deviation), the number of seeds whose paired
+    interval excludes zero below and above, and 'seed spread exceeds effect' (the range of the seeds' changes is
+    wider than the absolute mean change: the training noise is as large as the effect, whatever one run's
+    item-level interval says)."""
+    if not tables:
+        raise ParameterError("seed_summary needs the paired table of at least one seed")
+    long = pd.concat([t.assign(seed=seed) for seed, t in tables.items()], ignore_index=True)
+    rows = []
+    for (model, cond, metric), g in long.groupby(["model", "condition", "metric"], sort=False):
+        ch = g.change.to_numpy(float)
+        rows.append({"model": model, "condition": cond, "metric": metric, "seeds": len(g),
+                     "mean change": float(ch.mean()), "min": float(ch.min()), "max": float(ch.max()),
+                     "sd": float(ch.std(ddof=1)) if len(ch) > 1 else float("nan"),
+                     "seeds below zero": int((g.hi < 0).sum()), "seeds above zero": int((g.lo > 0).sum()),
+                     "seed spread exceeds effect": bool(len(ch) > 1 and ch.max() - ch.min() > abs(ch.mean()))})
+    return pd.DataFrame(rows)
+
+
+def interval_cell(change: float, lo: float, hi: float, p: float = float("nan")) -> str:
+    """'change [lo, hi] p=...' for display (p < 0.001 as '<0.001'; no p where it is NaN)."""
+    cell = f"{change:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+    return cell if p != p else f"{cell} p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
+
+
+def metric_grid(table: pd.DataFrame, cells: Sequence[str], column: str, order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Long rows (model, metric, `column`) with one display string each in `cells` -> the wide frame every
+    chapter 4 table shows: per model one row per metric (`SCORE_LABELS`), one column per value of `column` in
+    `order` (first appearance where None; values not present are dropped)."""
+    t = table.assign(cell=list(cells), metric=[SCORE_LABELS.get(m, m) for m in table.metric])
+    wide = t.pivot_table(index=["model", "metric"], columns=column, values="cell", aggfunc="first", sort=False)
+    cols = list(order) if order is not None else list(dict.fromkeys(t[column]))
+    wide = wide[[c for c in cols if c in wide.columns]]
+    wide.columns.name = None
+    return wide
+
+
+def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
+    """`paired_table` for display: per model, one row per metric and one column per condition holding
+    'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""
+    from sinklib.plots import tables
+
+    t = table.assign(condition=[CONDITION_LABELS.get(c, c) for c in table.condition])
+    wide = metric_grid(t, [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)],
+                       "condition", [CONDITION_LABELS.get(c, c) for c in conditions])
+    return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
+                        "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
+                        "strict-format mean; perplexity without a p-value. " + SCORE_LEGEND)
+
+
+def strict_mean(scores: Mapping[str, float] | pd.DataFrame) -> float | pd.Series:
+    """Mean of the strict-format scores (`STRICT_METRICS`): of a mapping 'suite metric' -> score (the
+    metrics it holds), or per row of a frame with those columns."""
+    if isinstance(scores, pd.DataFrame):
+        return scores[list(STRICT_METRICS)].mean(axis=1)
+    return float(np.mean([scores[k] for k in STRICT_METRICS if k in scores]))
+
+
+def condition_row(name: str, condition: str, evaluation: dict) -> dict:
+    """One evaluated condition as a flat row: model, condition, S, VQA (%), and 'suite metric' -> score."""
+    vqa = evaluation["vqa"]
+    row = {"model": name, "condition": condition, "S": evaluation["S"], "VQA (%)": 100 * vqa[0] if vqa else np.nan}
+    row.update({f"{r['suite']} {r['metric']}": r["score"] for r in evaluation["scores"]})
+    return row
+
+
+def panel_row(name: str, S: float, qk_norm: str, changes: Mapping[str, float]) -> dict:
+    """The measured panel row of one adapted pair: `changes` maps 'suite metric' -> change under VL (points)."""
+    from sinklib.stats.schema import task_column
+
+    row = {"pair": f"{name}+VL (this book)", "vlm": f"{name} adapted by sinklib.vl", "llm": name, "S": float(S),
+           "qk_norm": qk_norm, "source": "measured: notebook 04"}
+    row.update({task_column(metric): float(v) for metric, v in changes.items()})
+    return row
+
+
+def panel_rows(lms: Mapping[str, Loaded], S_wide: pd.DataFrame, deltas: pd.DataFrame) -> list[dict]:
+    """The measured panel that chapter 5 reads: one `panel_row` per model (its base S, QK-norm type and VL
+    changes from `score_deltas`)."""
+    return [panel_row(name, S_wide.loc[name, "base"], lm.qk_norm,
+                      deltas[(deltas.model == name) & (deltas.condition == "vl")].set_index("metric").change)
+            for name, lm in lms.items()]
+
+
+def pair_records(built: Mapping[str, Pair]) -> dict:
+    """What chapter 4 saves of its pairs: training seconds per condition, the checkpoint folders (relative to
+    the cache folder, never a machine path) and each pair's parameters."""
+    root = cache.root()
+    return {"train_seconds": {n: {c: log["seconds"] for c, log in b.logs.items()} for n, b in built.items()},
+            "checkpoints": {n: {c: condition_dir(b.params, c).relative_to(root).as_posix() for c in b.logs}
+                            for n, b in built.items()},
+            "pair_params": {n: b.params for n, b in built.items()}}
+
+
+def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
+    """Chapter 4's results as later chapters read them: (pair_params by model, chapter 4's
+    parameters, provenance). ParameterError names a model chapter 4 did not adapt."""
+    from sinklib.book.runner import load_results
+
+    ch4 = load_results("04_vl_adaptation")
+    pp = ch4["results"]["pair_params"]
+    missing = [m for m in models if m not in pp]
+    if missing:
+        raise ParameterError(f"parameter 'models' names {missing}, but chapter 4 built pairs only for "
+                             f"{sorted(pp)}: rerun notebooks/04_vl_adaptation.ipynb with those models")
+    return pp, ch4["parameters"], ch4["provenance"]
+
+
+# ---------------------------------------------------------------------------------------
+# the parameters of chapter 4 (the recipe's ranges are those of pair_params)
+
+def or_recipe(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """`vl.FROM_RECIPE` ('recipe': each model's value from `vl.recipe_for`), or a value that passes `check`."""
+    return lambda name, value: value if value == vl.FROM_RECIPE else check(name, value)
+
+
+def models_subset(allow_none: bool = True, min_len: int = 1) -> Dependent:
+    """A list of model names, each one of the notebook's `models` (None too where `allow_none`: every model): a
+    misspelt name is an error, never a condition silently skipped."""
+    def check(name: str, value: Any, checked: dict) -> list[str] | None:
+        if value is None and allow_none:
+            return None
+        out = check_list(name, value, item_check=text(), min_len=min_len)
+        unknown = [m for m in out if m not in checked["models"]]
+        if unknown:
+            raise ParameterError(f"parameter {name!r} names {unknown}, which are not in 'models' "
+                                 f"({checked['models']}); use names from 'models'")
+        return out
+    return Dependent(check)
+
+
+CHAPTER4_PARAMS = {
+    **MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
+    "stage1_steps": integer(0, 10**6),
+    "stage2_steps": integer(1, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
+    "lr_lm": or_recipe(number(0.0, 1.0)), "lr_projector_stage2": or_recipe(optional(number(0.0, 1.0))), "schedule": choice(vl.SCHEDULES),
+    "callback_every": integer(0, 10**6), "n_prompts": prompt_count, "last_k_layers": integer(1, 1000),
+    "max_tokens": integer(8, 8192), "track_prompts": prompt_count, "vqa_n": integer(1, 100_000),
+    **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(),
+    "format_models": models_subset(min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0),
+    "random_models": models_subset(),
+    "dose_steps": list_of(integer(1, 10**6), min_len=0), "dose_models": models_subset(),
+    "extra_seeds": list_of(integer(0, 10**9), min_len=0), "seed_models": models_subset(),
+    "sweep_models": models_subset(allow_none=False, min_len=0), "sweep_lrs": list_of(number(1e-9, 1.0), min_len=0),
+    **COMMON}
+
+
+def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
+    """`pair_params` of one model from a notebook's validated parameters (chapter 4's recipe keys)."""
+    keys = ("seed", "image_size", "stage1_steps", "stage2_steps", "batch_size", "lr_projector", "lr_lm",
+            "lr_projector_stage2", "schedule")
+    own = vl.recipe_for(name)  # a parameter set to vl.FROM_RECIPE takes the model's recipe value
+    return pair_params(name, weights=weights, **{k: own[k] if params[k] == vl.FROM_RECIPE else params[k] for k in keys})
+
+
+# ---------------------------------------------------------------------------------------
+# display tables of chapters 4 and 6 (what is shown; the saved results keep the full frames)
+
+#: short display names of the score columns ('suite metric'), explained by SCORE_LEGEND
+SCORE_LABELS = {"instructions strict": "instr. strict", "instructions lenient": "instr. lenient",
+                "math strict": "math strict", "math lenient": "math lenient", "knowledge acc": "knowl.",
+                "perplexity ppl": "ppl", "VQA (%)": "VQA"}
+SCORE_LEGEND = ("instr. = instruction following, strict or lenient format; math = arithmetic graded by the strict "
+                "or lenient parser; knowl. = knowledge multiple-choice accuracy; scores in %; ppl = perplexity; "
+                "VQA = held-out visual question accuracy (%)")
+CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random",
+                     "text_sentence": "text-only, sentences"}
+
+
+def budget_table(budget_rows: Sequence[Mapping[str, Any]]):
+    """Chapter 4's token budget for display: rows (model, quantity), one column per condition and stage."""
+    from sinklib.plots import Table
+
+    df = pd.DataFrame(budget_rows)
+    quantities = [c for c in df.columns if c not in ("model", "condition", "stage")]
+    df["run"] = [f"{CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
+    long = df.melt(id_vars=["model", "run"], value_vars=quantities, var_name="quantity")
+    long["quantity"] = long["quantity"].str.replace("_", " ")
+    wide = long.pivot_table(index=["model", "quantity"], columns="run", values="value", aggfunc="first", sort=False)
+    wide = wide.map(lambda v: "" if pd.isna(v) else f"{int(v):,}")
+    wide.columns.name = None
+    return Table(wide, "Summed over each stage: optimiser steps, training examples, answer tokens (the loss's "
+                       "targets) and input positions (visual + text = input; padded: with padding). The text-only "
+                       "control runs one stage, matched to VL stage 2.")
+
+
+def by_model_table(rows: pd.DataFrame, legend: str = "", digits: int = 1):
+    """A one-row-per-model frame transposed for display: one column per model, one row per column of `rows`
+    (numbers with `digits` decimals, booleans as yes/no)."""
+    from sinklib.plots import Table
+
+    t = rows.set_index("model").T
+    t = t.map(lambda v: ("yes" if v else "no") if isinstance(v, (bool, np.bool_)) else
+              (f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else v))
+    t.columns.name = None
+    return Table(t, legend)
+
+
+def condition_tables(rows: pd.DataFrame, legend: str = SCORE_LEGEND) -> list:
+    """`condition_row` rows (model, condition, S, VQA (%), 'suite metric' scores) for display: index
+    (model, condition without 'merge:'), short headers (`SCORE_LABELS`), S to 3 decimals and scores to 1;
+    split into tables that fit the book's column."""
+    from sinklib.plots import tables
+
+    cols = ["S", "VQA (%)", "instructions strict", "math strict", "instructions lenient", "math lenient",
+            "knowledge acc", "perplexity ppl"]
+    d = rows.copy()
+    d["condition"] = [str(c).replace("merge:", "") for c in d["condition"]]
+    d = d.set_index(["model", "condition"])[[c for c in cols if c in rows]]
+    for c in d.columns:
+        d[c] = [f"{v:.3f}" if c == "S" else ("" if pd.isna(v) else f"{v:.1f}") for v in d[c]]
+    d.columns = [SCORE_LABELS.get(c, c) for c in d.columns]
+    return tables(d, legend)
+
+
+def merge_verdict_table(verdicts: pd.DataFrame):
+    """Chapter 6's merge verdicts for display: the change from VL with its paired interval in one cell (when
+    the verdicts hold 'lo' and 'hi'), short headers, the repeated reported verdict as the legend."""
+    from sinklib.plots import Table
+
+    names = {"strict format change vs VL (pt)": "strict change vs VL (pt)", "worse than VL": "worse than VL",
+             "recovers to base level": "back to base", "VQA kept (% of VL)": "VQA kept (%)", "S": "S"}
+    v = verdicts.copy()
+    if {"lo", "hi"} <= set(v.columns):
+        v["strict format change vs VL (pt)"] = [f"{x:+.1f} [{lo:+.1f}, {hi:+.1f}]" for x, lo, hi in
+                                                zip(v["strict format change vs VL (pt)"], v.lo, v.hi)]
+    d = v.set_index(["model", "method"])[list(names)].rename(columns=names)
+    for c in d.columns:
+        d[c] = [("yes" if x else "no") if isinstance(x, (bool, np.bool_)) else x if isinstance(x, str) else
+                ("" if pd.isna(x) else (f"{x:.3f}" if c == "S" else f"{x:.1f}")) for x in d[c]]
+    reported = "; ".join(f"{m}: {r}" for r, ms in verdicts.groupby("paper's verdict (reported)", sort=False).method
+                         for m in [", ".join(dict.fromkeys(ms))])
+    paired_note = (" [paired bootstrap 95 % interval over the shared items]; worse than VL: that interval lies below "
+                   "zero" if {"lo", "hi"} <= set(v.columns) else "")
+    return Table(d, f"strict = mean of the strict-format scores{paired_note}; back to base: the merge recovers the "
+                    "VL loss by the claims page's paired rule (above the base outside the noise, or not below it and "
+                    "above VL outside the noise); VQA kept: the merge's VQA accuracy as % of the VL model's. The "
+                    f"paper's verdict (reported): {reported}.")
+
+
+# ---------------------------------------------------------------------------------------
+# chapter 4's findings in words (the printed summary and the glued sentences of "What this run shows")
+
+def findings(built: Mapping[str, Pair], vqa_checks: Mapping[str, dict], S_wide: pd.DataFrame, deltas: pd.DataFrame,
+             stage1_steps: int) -> dict[str, Any]:
+    """Chapter 4's findings, computed from its tables: {'lines': printed lines per model, 'vqa', 'S', 'text':
+    one sentence each over all models (VQA along training and held-out against the majority answer; S base ->
+    VL; strict/lenient math and knowledge changes of VL and text-only)}."""
+    lines, vqa_story, s_story, text_story = [], [], [], []
+    for name, b in built.items():
+        d = deltas[deltas.model == name].set_index(["condition", "metric"]).change
+        v, S = vqa_checks[name], S_wide.loc[name]
+        word = "rose" if S["vl"] > S["base"] else "fell"
+        lines.append(f"- {name}: VQA {v['vqa']:.1f}% [{v['vqa_lo']:.1f}, {v['vqa_hi']:.1f}] after VL training vs "
+                     f"{v['majority']:.1f}% for the blind majority answer ("
+                     f"{'learned: the interval lies above it' if v['learned'] else 'NOT shown to be learned'}); "
+                     f"S {S['base']:.3f} (base) -> {S['vl']:.3f} (VL), {S['text_only']:.3f} (text-only), "
+                     f"{S['random']:.3f} (random): S {word} under VL (paper, reported: Tulu 3B +0.41 -> +0.20).")
+        lines.append("  changes from base (points; VL / text-only / random): " + "; ".join(
+            f"{m} {d[('vl', m)]:+.1f} / {d[('text_only', m)]:+.1f} / {d[('random', m)]:+.1f}"
+            for m in ("instructions strict", "math strict", "math lenient", "knowledge acc") if ("vl", m) in d.index))
+        cb = [(c["step"], 100 * c["value"]["vqa"]) for c in b.logs["vl"]["callbacks"] if "vqa" in c["value"]]
+        end1 = max((c for c in cb if c[0] <= stage1_steps), default=None)
+        track = (f"tracking items {cb[0][1]:.0f} % at step 0, {end1[1]:.0f} % at the end of stage 1, {cb[-1][1]:.0f} % "
+                 f"at the end of stage 2; " if cb and end1 else "")
+        vqa_story.append(f"{name}: {track}held-out {v['vqa']:.1f} % [{v['vqa_lo']:.1f}, {v['vqa_hi']:.1f}] against "
+                         f"{v['majority']:.1f} % for the blind majority answer "
+                         f"({'learned' if v['learned'] else 'not shown to be learned'})")
+        s_story.append(f"{name} {S['base']:.3f} -> {S['vl']:.3f} ({word})")
+        text_story.append(f"{name}: " + "; ".join(
+            f"{label} " + ", ".join(f"{m} {d[(c, m)]:+.1f}" for m in ("math strict", "math lenient", "knowledge acc"))
+            for c, label in (("vl", "VL"), ("text_only", "text-only"))))
+    return {"lines": lines, "vqa": "; ".join(vqa_story), "S": "; ".join(s_story), "text": "; ".join(text_story)}

@@ -1,0 +1,5 @@
+import sys
+
+from sinklib.bench.cpu import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from sinklib.book.runner import main
+
+sys.exit(main())

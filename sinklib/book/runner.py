@@ -1,0 +1,507 @@
+"""The book pipeline: parameter profiles, the papermill runner, results with provenance.
+
+    python -m sinklib.book run --profile quick|full|colab [--only 01 02] [--out book/chapters]
+    python -m sinklib.book list
+    python -m sinklib.book sync-text
+    python -m sinklib.book set-repo https://github.com/<you>/sinkbook
+
+Each notebook ``notebooks/NN_name.ipynb`` is executed with the parameters of
+``data/profiles/NN_name.yml[profile]`` into ``book/chapters/NN_name.ipynb``; the values it ran with are
+folded into the executed copy's parameters cell (papermill's separate injected cell is removed), so
+the page shows them and a reader who opens the copy (Colab button) edits the cell that takes effect.
+Notebooks write their key numbers with ``save_results`` into ``data/results/NN_name.json``
+(``sinklib.core.resources.results_dir``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sinklib.errors import ParameterError, ResultsMissing
+from sinklib.core.resources import checkout_root, data_path, display_path, results_dir
+
+REPO = checkout_root() or Path.cwd()       # the runner and set-repo need a checkout; see _need_checkout
+NOTEBOOKS = REPO / "notebooks"
+CHAPTERS = REPO / "book" / "chapters"
+PROFILES = data_path("profiles")
+PROFILE_NAMES = ("quick", "full", "colab")
+_T0 = time.perf_counter()
+
+
+# ---------------------------------------------------------------------------------------
+# profiles
+
+
+def notebook_names() -> list[str]:
+    """Stems of the source notebooks, in chapter order."""
+    return sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+#: notebooks that read another notebook's results (data/results/<name>.json) and so run after it when both
+#: are executed together: chapter 5 reads chapter 4's pairs and chapter 7's controlled panel
+#: (`panel_schema.PANEL_KEYS`); chapter 8 reads chapter 4's pairs
+READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
+    "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel"),
+    "08_causal_tests": ("04_vl_adaptation",),
+}
+
+
+def run_order(names: list[str]) -> list[str]:
+    """`names` in chapter order, except that a notebook comes after every notebook of `READS_RESULTS_OF`
+    it reads that is also in `names` (chapter 5 after chapter 7 in a whole-book run)."""
+    todo, done = sorted(names), []
+    while todo:
+        ready = next((n for n in todo if not any(d in todo for d in READS_RESULTS_OF.get(n, ()))), None)
+        if ready is None:
+            raise ParameterError(f"READS_RESULTS_OF has a cycle among {todo}")
+        todo.remove(ready)
+        done.append(ready)
+    return done
+
+
+def load_profile(notebook: str, profile: str) -> dict:
+    """Parameters of one notebook under a profile (missing file or key = notebook defaults)."""
+    import yaml
+
+    if profile not in PROFILE_NAMES:
+        raise ParameterError(f"parameter 'profile' got {profile!r}; allowed: {', '.join(PROFILE_NAMES)}")
+    f = PROFILES / f"{notebook}.yml"
+    if not f.exists():
+        return {"profile": profile}
+    data = yaml.safe_load(f.read_text()) or {}
+    unknown = set(data) - set(PROFILE_NAMES)
+    if unknown:
+        raise ParameterError(f"{f} has unknown profile(s) {sorted(unknown)}; allowed: {', '.join(PROFILE_NAMES)}")
+    return {**(data.get(profile) or {}), "profile": profile}
+
+
+# ---------------------------------------------------------------------------------------
+# results and provenance
+
+
+def _git_commit() -> str:
+    if checkout_root() is None:
+        return "installed sinkbook (no git checkout)"
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        # what the runner itself writes (executed copies, results, generated pages) does not make the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!book/chapters", ":!data/results", ":!book/_generated"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha or "unknown") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "numpy", "scipy", "statsmodels", "mergekit", "sinkbook"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def device_info() -> str:
+    """'cpu (N cores)' or the CUDA device name."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda: {torch.cuda.get_device_name(0)}"
+        return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    except ImportError:
+        return f"cpu ({os.cpu_count()} cores)"
+
+
+def _jsonable(x: Any) -> Any:
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.bool_,)):
+        return bool(x)
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 1) == 0:
+        return x.item()
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def save_results(notebook: str, results: dict, params: dict | None = None, models: list | None = None,
+                 seconds: float | None = None) -> str:
+    """Write <results folder>/<notebook>.json: results + parameters + provenance.
+
+    Returns the file's path as a page may print it (``data/results/NN.json``, relative; never a machine path).
+
+    models: Loaded objects (sinklib.core.models) or dicts; seconds defaults to the time since this
+    kernel imported sinklib.book (about the notebook's run time).
+    """
+    prov = {
+        "profile": (params or {}).get("profile", os.environ.get("SINKBOOK_PROFILE", "interactive")),
+        "git_commit": _git_commit(),
+        "versions": _versions(),
+        "device": device_info(),
+        "seconds": round(seconds if seconds is not None else time.perf_counter() - _T0, 2),
+        "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "models": [m.provenance() if hasattr(m, "provenance") else m for m in (models or [])],
+    }
+    doc = {"notebook": notebook, "results": _jsonable(results), "parameters": _jsonable(params or {}),
+           "provenance": _jsonable(prov)}
+    path = results_dir() / f"{notebook}.json"
+    path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    return display_path(path)
+
+
+def load_results(notebook: str, key: str | None = None) -> dict:
+    """Results an earlier notebook wrote (the whole document, or doc['results'][key])."""
+    path = results_dir() / f"{notebook}.json"
+    if not path.exists():
+        raise ResultsMissing(f"{display_path(path)} does not exist: run notebooks/{notebook}.ipynb first, for example "
+                             f"`python -m sinklib.book run --profile full --only {notebook[:2]}`")
+    doc = json.loads(path.read_text())
+    return doc if key is None else doc["results"][key]
+
+
+# ---------------------------------------------------------------------------------------
+# runner
+
+
+def _literal(value: Any) -> str:
+    """A parameter value as Python source, strings in double quotes as the notebooks write them."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_literal(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def fold_parameters(source: str, values: dict[str, Any]) -> str:
+    """The parameters cell `source` with the value of each `name = ...` in `values` replaced, comments kept.
+
+    Values equal to the cell's own literal keep their text. A name the cell does not assign is an error
+    (papermill would have injected it silently).
+    """
+    import ast
+
+    tree = ast.parse(source)
+    spans: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            spans[node.targets[0].id] = node.value
+    unknown = sorted(set(values) - set(spans))
+    if unknown:
+        raise ParameterError(f"parameters {unknown} are not assigned in the notebook's parameters cell; "
+                             f"allowed: {', '.join(spans)}")
+    lines = source.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    edits = []
+    for name, value in values.items():
+        node = spans[name]
+        try:
+            if ast.literal_eval(node) == value and type(ast.literal_eval(node)) is type(value):
+                continue
+        except ValueError:
+            pass
+        start = offsets[node.lineno - 1] + len(lines[node.lineno - 1].encode()[:node.col_offset].decode())
+        end = offsets[node.end_lineno - 1] + len(lines[node.end_lineno - 1].encode()[:node.end_col_offset].decode())
+        edits.append((start, end, _literal(value)))
+    for start, end, text in sorted(edits, reverse=True):
+        source = source[:start] + text + source[end:]
+    return source
+
+
+def parameters_cell(nb):
+    """The cell tagged `parameters` (exactly one in every notebook of the book)."""
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ParameterError(f"a notebook of the book has exactly one cell tagged 'parameters'; found {len(cells)}")
+    return cells[0]
+
+
+README_FIGURE_TAG = "readme-figure"
+
+
+def export_tagged_figures(path: Path, static: Path | None = None) -> list[Path]:
+    """Write the first PNG output of each cell tagged ``readme-figure`` in the executed copy at `path` to
+    ``book/_static/<notebook>.png`` (the README shows it); returns the files written."""
+    import base64
+
+    import nbformat
+
+    static = static or (checkout_root() or Path.cwd()) / "book" / "_static"
+    nb = nbformat.read(path, as_version=4)
+    out = []
+    for c in nb.cells:
+        if README_FIGURE_TAG in c.get("metadata", {}).get("tags", []):
+            png = next((o["data"]["image/png"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})), None)
+            if png is None:
+                raise ParameterError(f"{Path(path).name}: the cell tagged {README_FIGURE_TAG!r} drew no PNG figure")
+            static.mkdir(parents=True, exist_ok=True)
+            f = static / f"{Path(path).stem}.png"
+            f.write_bytes(base64.b64decode(png))
+            out.append(f)
+    return out
+
+
+def fold_injected_cell(path: Path) -> dict:
+    """Fold papermill's injected values into the parameters cell of the executed copy at `path`.
+
+    The separate `injected-parameters` cell is removed, so the visible parameters cell is the one that
+    takes effect when a reader reruns the copy (Colab button); the cell is tagged `hide-input`, so the page
+    shows the parameters folded instead of hiding them. Returns the injected values.
+    """
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    values = dict(nb.metadata.get("papermill", {}).get("parameters", {}))
+    cell = parameters_cell(nb)
+    cell.source = fold_parameters(cell.source, values)
+    cell.metadata["tags"] = [t for t in cell.metadata.get("tags", []) if t != "remove-cell"] + ["hide-input"]
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    nbformat.write(nb, path)
+    return values
+
+
+# ---------------------------------------------------------------------------------------
+# prose from outputs
+
+GLUE_PREFIX = "application/papermill.record/"   # myst-nb's glue format, without importing myst-nb
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Store `value` under `name` in the cell's output, for prose that states a result: the page writes it
+    with ``{glue:text}`name` `` (myst-nb's glue, same format; myst-nb is not needed to run a notebook).
+    Strings are glued as they are, so prose reads ``higher`` rather than ``'higher'``."""
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as ipy_display
+
+    if isinstance(value, str):
+        bundle, metadata = {"text/plain": value}, {}
+    else:
+        bundle, metadata = format_display_data(value)
+    metadata = dict(metadata)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    ipy_display({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+
+
+# ---------------------------------------------------------------------------------------
+# the repository URL: written once, in _config.yml
+
+
+def _need_checkout(what: str) -> Path:
+    root = checkout_root()
+    if root is None:
+        raise ParameterError(f"{what} needs a checkout of the sinkbook repository (git clone it and run from there); "
+                             "an installed sinkbook has no notebooks/ or _config.yml")
+    return root
+
+
+def repository_url() -> str:
+    """``repository.url`` of the book's ``_config.yml``: the launch buttons, the Colab cell and the README use it."""
+    import yaml
+
+    cfg = yaml.safe_load((_need_checkout("repository_url") / "_config.yml").read_text())
+    return str(cfg["repository"]["url"]).rstrip("/")
+
+
+BOOTSTRAP_FIRST_LINE = "# On Colab: install sinkbook, the embedded models and the graders. Elsewhere: nothing."
+
+
+def bootstrap_source(url: str) -> str:
+    """The first code cell of every notebook: installs sinkbook from `url` when run on Colab, else nothing."""
+    return f"""{BOOTSTRAP_FIRST_LINE}
+import sys
+
+REPOSITORY = "{url}"  # from _config.yml
+if "google.colab" in sys.modules:
+    get_ipython().run_line_magic("pip", f"install -q 'sinkbook @ git+{{REPOSITORY}}'")
+    import importlib
+
+    importlib.invalidate_caches()
+    from sinklib.install import install_extras
+
+    install_extras("models", "graders")  # with pip --no-deps (see sinklib.install)"""
+
+
+def set_repo(url: str) -> list[str]:
+    """Point the book at another repository (a fork): ``_config.yml``, the README and every notebook's
+    Colab cell (sources and executed copies; the cell does nothing off Colab, so no re-execution is needed).
+    Returns the files changed."""
+    import re
+
+    import nbformat
+
+    url = url.strip().rstrip("/")
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise ParameterError(f"repository URL {url!r} is not of the form https://github.com/<owner>/<name>")
+    root = _need_checkout("set-repo")
+    old = repository_url()
+    changed = []
+    for f in (root / "_config.yml", root / "README.md"):
+        text = f.read_text()
+        if old in text and old != url:
+            f.write_text(text.replace(old, url))
+            changed.append(f.name)
+    for f in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((root / "book").rglob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(f, as_version=4)
+        cell = next(c for c in nb.cells if c.cell_type == "code")
+        if cell.source != bootstrap_source(url):
+            cell.source = bootstrap_source(url)
+            nbformat.write(nb, f)
+            changed.append(str(f.relative_to(root)))
+    return changed
+
+
+def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kernel: str = "python3",
+        log_output: bool = False) -> dict[str, float]:
+    """Execute notebooks with a profile into `out`; returns seconds per notebook."""
+    import papermill as pm
+
+    _need_checkout("python -m sinklib.book run")
+    names = notebook_names()
+    if only:
+        sel = [n for n in names if any(n.startswith(o) or n == o for o in only)]
+        missing = [o for o in only if not any(n.startswith(o) for n in names)]
+        if missing:
+            raise ParameterError(f"--only {missing} matches no notebook; available: {', '.join(names)}")
+        names = sel
+    names = run_order(names)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["SINKBOOK_PROFILE"] = profile
+    times: dict[str, float] = {}
+    for i, name in enumerate(names, 1):
+        params = load_profile(name, profile)
+        print(f"[{i}/{len(names)}] {name}  profile={profile}  params={params}", flush=True)
+        t0 = time.perf_counter()
+        pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
+                            kernel_name=kernel, language="python", cwd=str(REPO), progress_bar=sys.stderr.isatty(),
+                            log_output=log_output)
+        fold_injected_cell(out / f"{name}.ipynb")
+        if Path(out).resolve() == CHAPTERS.resolve():
+            export_tagged_figures(out / f"{name}.ipynb")
+        times[name] = round(time.perf_counter() - t0, 1)
+        print(f"    done in {times[name]:.1f} s", flush=True)
+    print(f"total {sum(times.values()):.1f} s for {len(times)} notebook(s)", flush=True)
+    return times
+
+
+def code_sources(nb, fold: dict[str, Any] | None = None) -> list[str]:
+    """The code of a notebook's cells (freshness checks); papermill's injected-parameters cell left out.
+
+    `fold`: parameter values to fold into the parameters cell first (a source notebook compared with an
+    executed copy, whose values are in ``nb.metadata.papermill.parameters``).
+    """
+    out = []
+    for c in nb.cells:
+        if c.cell_type != "code" or "injected-parameters" in c.metadata.get("tags", []):
+            continue
+        src = c.source
+        if fold is not None and "parameters" in c.metadata.get("tags", []):
+            src = fold_parameters(src, fold)
+        out.append(src.strip())
+    return out
+
+
+def executed_parameters(nb) -> dict[str, Any]:
+    """The parameter values an executed copy ran with (papermill's record in its metadata)."""
+    return dict(nb.metadata.get("papermill", {}).get("parameters", {}))
+
+
+def _cell_kinds(nb) -> list[str]:
+    return [c.cell_type for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+
+
+def sync_text(names: list[str] | None = None, out: Path = CHAPTERS) -> list[str]:
+    """Copy edited markdown cells from notebooks/ into the executed copies without re-running them.
+
+    Only prose changes this way: if any code cell differs, or the markdown cells changed in number or
+    position, it refuses and names the notebook to re-execute. Returns the notebooks it updated.
+    """
+    import nbformat
+
+    updated = []
+    for name in names or notebook_names():
+        src_nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+        ex_path = Path(out) / f"{name}.ipynb"
+        ex_nb = nbformat.read(ex_path, as_version=4)
+        if code_sources(src_nb, fold=executed_parameters(ex_nb)) != code_sources(ex_nb):
+            raise ParameterError(f"{ex_path}: code cells differ from notebooks/{name}.ipynb; re-execute it with "
+                                 f"`python -m sinklib.book run --only {name[:2]}`")
+        if _cell_kinds(src_nb) != _cell_kinds(ex_nb):
+            raise ParameterError(f"{ex_path}: cells were added, removed or moved in notebooks/{name}.ipynb; "
+                                 f"re-execute it with `python -m sinklib.book run --only {name[:2]}`")
+        src_md = [c for c in src_nb.cells if c.cell_type == "markdown"]
+        ex_md = [c for c in ex_nb.cells if c.cell_type == "markdown"]
+        changed = False
+        for a, b in zip(src_md, ex_md):
+            if a.source != b.source:
+                b.source = a.source
+                changed = True
+        if changed:
+            nbformat.write(ex_nb, ex_path)
+            updated.append(name)
+    return updated
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sinklib.book", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="execute notebooks with a parameter profile")
+    r.add_argument("--profile", default="full", choices=PROFILE_NAMES)
+    r.add_argument("--only", nargs="*", help="notebook prefixes, e.g. 01 02")
+    r.add_argument("--out", default=str(CHAPTERS), help="folder of the executed copies (default book/chapters)")
+    r.add_argument("--log-output", action="store_true", help="stream cell outputs to the terminal")
+    sub.add_parser("list", help="list notebooks and their profiles")
+    t = sub.add_parser("sync-text", help="copy edited markdown from notebooks/ into the executed copies")
+    t.add_argument("--only", nargs="*", help="notebook names (default: all)")
+    s = sub.add_parser("set-repo", help="point _config.yml, the README and the Colab cells at a fork")
+    s.add_argument("url", help="https://github.com/<owner>/<name>")
+    a = ap.parse_args(argv)
+    if a.cmd == "set-repo":
+        print("changed:", ", ".join(set_repo(a.url)) or "nothing")
+        return 0
+    if a.cmd == "sync-text":
+        names = [n for n in notebook_names() if not a.only or any(n.startswith(o) for o in a.only)]
+        print("updated:", ", ".join(sync_text(names)) or "nothing")
+        return 0
+    if a.cmd == "list":
+        for n in notebook_names():
+            print(n, {p: load_profile(n, p) for p in PROFILE_NAMES})
+        return 0
+    run(a.profile, a.only, Path(a.out), log_output=a.log_output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""Chapter 8's causal tests: the sink intervention through the attention registry (`intervene`), suites
+evaluated under an intervention with dose plans and the BOS ablation (`suites`), head-wise repair of an
+adapted model (`repair`)."""
+from sinklib.causal.suites import (CAUSAL_VERSION, CHAPTER8_PARAMS, CONTROLS, FIRST_TOKENS, FirstToken,
+    KNOWLEDGE, STRICT, TINY_EVAL_N, TinyLM, dose_plans, dose_response, evaluate, falls, first_token_tokenizer,
+    order_verdict, tiny_lm, paired_changes)

@@ -1,0 +1,3 @@
+from sinklib.claims.table import main
+
+raise SystemExit(main())

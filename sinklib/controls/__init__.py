@@ -1,0 +1,1 @@
+"""Chapter 6's negative controls: weight merging (`merge`) and QK-RMSNorm injection (`inject`)."""
