@@ -50,7 +50,7 @@ NOTEBOOK_NAMES: dict[str, str] = {
     # the functions every chapter uses
     "validate": "sinklib.core.params:validate", "load_prompts": "sinklib.core.data:load_prompts",
     "load_model": "sinklib.core.models:load_model", "glue": "sinklib.book.runner:glue",
-    "save_results": "sinklib.book.runner:save_results", "load_results": "sinklib.book.runner:load_results",
+    "save_results": "sinklib.book.results:save_results", "load_results": "sinklib.book.results:load_results",
     "paper_value": "sinklib.book.reported:reported",
 }
 

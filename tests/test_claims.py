@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from sinklib.book import runner as book
-from sinklib.claims import table as claims
-from sinklib.claims.table import INCONCLUSIVE, NOT_REPRODUCED, NOT_RUN, NOT_TESTABLE, REPRODUCED, Est
+from sinklib import claims
+from sinklib.claims import INCONCLUSIVE, NOT_REPRODUCED, NOT_RUN, NOT_TESTABLE, REPRODUCED, Est
 from sinklib.errors import ResultsMissing
 from sinklib.book.reported import reported_values
 
@@ -357,7 +357,7 @@ def test_generated_table_shape(monkeypatch, tmp_path):
 
 
 def test_chapter4_verdicts_in_words():
-    from sinklib.claims import table as C
+    from sinklib import claims as C
 
     def rows(model, cond, instr, math, know):
         return [{"model": model, "condition": cond, "suite": s, "metric": m, "score": v, "lo": v - 10, "hi": v + 10}
@@ -376,7 +376,7 @@ def test_chapter4_verdicts_in_words():
 
 def test_chapter4_summary_names_models_outside_noise():
     import pandas as pd
-    from sinklib.claims import table as C
+    from sinklib import claims as C
 
     v = pd.DataFrame([{"model": "a", "strict format vs knowledge under VL": "format fell more (interval excludes zero)",
                        "text-only vs VL (strict format)": "within noise (interval contains zero)",
@@ -392,7 +392,7 @@ def test_chapter4_summary_names_models_outside_noise():
 def test_chapter4_verdicts_are_paired_when_items_are_stored():
     """30 items per suite; VL loses 4 strict items of each suite and nothing else moves. Unpaired (MOVER of two
     Wilson intervals) that is noise; paired, every resample loses items, so the interval excludes zero."""
-    from sinklib.claims import table as C
+    from sinklib import claims as C
     from sinklib.evals import paired
 
     base_f, vl_f = [True] * 15 + [False] * 15, [False] * 4 + [True] * 11 + [False] * 15

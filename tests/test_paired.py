@@ -80,7 +80,7 @@ def test_fingerprint_follows_the_item_files(tmp_path, monkeypatch):
 
 def test_one_interval_per_change_wherever_it_is_computed():
     """The paired table (paired_changes) and the claims page (claims.delta) give a change the same interval."""
-    from sinklib.claims import table as claims
+    from sinklib import claims
 
     base = _out([1] * 12 + [0] * 8, [1, 0] * 10)
     other = _out([1] * 7 + [0] * 13, [1, 1] * 10, nll=(2.5, 3.0, 1.5))

@@ -8,7 +8,8 @@ This module is the contract between chapter 4 and the chapters that read it: the
 pair (`pair_params`), its evaluated conditions (`evaluate_condition`, `evaluation_key`), the
 score changes (`score_deltas`), the strict-format mean (`strict_mean`), the panel rows chapter 5
 reads (`panel_row`, its strict column `sinklib.stats.schema.STRICT_TASK`) and chapter 4's results as chapter 6 reads them
-(`chapter4_pairs`).
+(`chapter4_pairs`). The score changes, the strict-format mean and the panel rows live in `sinklib.adapt.scores`, the
+display tables of chapters 4 and 6 in `sinklib.adapt.display`; both are re-exported here.
 
 Conditions of one pair:
     base        the base LLM as loaded
@@ -37,6 +38,10 @@ from sinklib.core.models import MODEL_PARAMS
 from sinklib.core.params import (COMMON, Dependent, boolean, check_choice, check_float, check_int, check_list,
     choice, integer, list_of, number, optional, text)
 from sinklib.core.sink import prompt_count
+from sinklib.adapt.display import (CONDITION_LABELS, SCORE_LABELS, SCORE_LEGEND, budget_table,  # noqa: F401
+    by_model_table, condition_tables, interval_cell, merge_verdict_table, metric_grid, paired_display)
+from sinklib.adapt.scores import (MAIN_METRICS, STRICT_METRICS, condition_row, panel_row, panel_rows,  # noqa: F401
+    paired_table, score_deltas, score_table, seed_summary, strict_mean)
 
 CONDITIONS = ("base", "vl", "text_only", "random")
 #: conditions a pair can add on request (`build_pair(extra=...)`): the format-preserving text-only control
@@ -331,152 +336,7 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
 
 
 # ---------------------------------------------------------------------------------------
-# score changes, the strict-format mean and the panel rows (chapter 4 -> chapters 5 and 6)
-
-#: the (suite, metric) pairs chapter 4 compares between conditions, in table order
-MAIN_METRICS: tuple[tuple[str, str], ...] = (("instructions", "strict"), ("instructions", "lenient"),
-                                             ("math", "strict"), ("math", "lenient"), ("knowledge", "acc"),
-                                             ("perplexity", "ppl"))
-#: the format-sensitive scores whose mean is "the strict-format score" of a condition
-STRICT_METRICS: tuple[str, ...] = ("instructions strict", "math strict")
-
-
-def score_table(evaluations: Mapping[tuple[str, str], dict]) -> pd.DataFrame:
-    """{(model, condition): evaluate_condition(...)} -> one row per (model, condition, suite, metric)."""
-    return pd.DataFrame([{"model": name, "condition": cond, **r}
-                         for (name, cond), ev in evaluations.items() for r in ev["scores"]])
-
-
-def score_deltas(scores: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")) -> pd.DataFrame:
-    """Change of every main metric from the base model: columns model, condition, metric ('suite metric'), change."""
-    rows = []
-    for name in dict.fromkeys(scores.model):
-        base = scores[(scores.model == name) & (scores.condition == "base")].set_index(["suite", "metric"]).score
-        for cond in conditions:
-            cur = scores[(scores.model == name) & (scores.condition == cond)].set_index(["suite", "metric"]).score
-            for s, m in MAIN_METRICS:
-                if (s, m) in base.index:
-                    rows.append({"model": name, "condition": cond, "metric": f"{s} {m}",
-                                 "change": cur[(s, m)] - base[(s, m)]})
-    return pd.DataFrame(rows)
-
-
-def paired_table(evaluations: Mapping[tuple[str, str], dict], conditions: Sequence[str] = ("vl", "text_only", "random"),
-                 ref: str = "base", *, seed: int = 0) -> pd.DataFrame:
-    """Paired changes of every condition from `ref` on the same items: one row per (model, condition, metric)
-    with the scores, the change, its paired bootstrap 95 % interval, the exact McNemar p-value and the items
-    lost / gained (`sinklib.evals.paired.paired_changes`), plus a row 'strict-format mean' (`STRICT_METRICS`)
-    whose interval and p-value come from the paired bootstrap of the mean. evaluations: {(model, condition):
-    evaluate_condition(...)} (each with 'outcomes')."""
-    from sinklib.evals import paired
-
-    rows = []
-    for name in dict.fromkeys(m for m, _ in evaluations):
-        b = evaluations[(name, ref)]
-        for cond in conditions:
-            if (name, cond) not in evaluations:
-                continue
-            o = evaluations[(name, cond)]
-            for r in paired.paired_changes(b, o, seed=seed):
-                if tuple(r["metric"].split(" ", 1)) in MAIN_METRICS:
-                    rows.append({"model": name, "condition": cond, "test": "McNemar" if r["metric"] != "perplexity ppl"
-                                 else "bootstrap", **r})
-            held = [m for m in STRICT_METRICS if m in b["outcomes"] and m in o["outcomes"]]
-            if held:
-                point, draws = paired.change(b["outcomes"], o["outcomes"], held, seed=seed)
-                e = paired.estimate(point, draws)
-                rows.append({"model": name, "condition": cond, "test": "bootstrap", "metric": "strict-format mean",
-                             "base": strict_mean({m: paired.score(b["outcomes"], m) for m in held}),
-                             "other": strict_mean({m: paired.score(o["outcomes"], m) for m in held}),
-                             "change": e.v, "lo": e.lo, "hi": e.hi, "p": paired.p_two_sided(draws),
-                             "lost": np.nan, "gained": np.nan})
-    return pd.DataFrame(rows)
-
-
-def seed_summary(tables: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
-    """`paired_table`s of several training seeds -> one row per (model, condition, metric): the mean change over
-    seeds, its spread (smallest and largest change, standard deviation), the number of seeds whose paired
-    interval excludes zero below and above, and 'seed spread exceeds effect' (the range of the seeds' changes is
-    wider than the absolute mean change: the training noise is as large as the effect, whatever one run's
-    item-level interval says)."""
-    if not tables:
-        raise ParameterError("seed_summary needs the paired table of at least one seed")
-    long = pd.concat([t.assign(seed=seed) for seed, t in tables.items()], ignore_index=True)
-    rows = []
-    for (model, cond, metric), g in long.groupby(["model", "condition", "metric"], sort=False):
-        ch = g.change.to_numpy(float)
-        rows.append({"model": model, "condition": cond, "metric": metric, "seeds": len(g),
-                     "mean change": float(ch.mean()), "min": float(ch.min()), "max": float(ch.max()),
-                     "sd": float(ch.std(ddof=1)) if len(ch) > 1 else float("nan"),
-                     "seeds below zero": int((g.hi < 0).sum()), "seeds above zero": int((g.lo > 0).sum()),
-                     "seed spread exceeds effect": bool(len(ch) > 1 and ch.max() - ch.min() > abs(ch.mean()))})
-    return pd.DataFrame(rows)
-
-
-def interval_cell(change: float, lo: float, hi: float, p: float = float("nan")) -> str:
-    """'change [lo, hi] p=...' for display (p < 0.001 as '<0.001'; no p where it is NaN)."""
-    cell = f"{change:+.1f} [{lo:+.1f}, {hi:+.1f}]"
-    return cell if p != p else f"{cell} p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
-
-
-def metric_grid(table: pd.DataFrame, cells: Sequence[str], column: str, order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Long rows (model, metric, `column`) with one display string each in `cells` -> the wide frame every
-    chapter 4 table shows: per model one row per metric (`SCORE_LABELS`), one column per value of `column` in
-    `order` (first appearance where None; values not present are dropped)."""
-    t = table.assign(cell=list(cells), metric=[SCORE_LABELS.get(m, m) for m in table.metric])
-    wide = t.pivot_table(index=["model", "metric"], columns=column, values="cell", aggfunc="first", sort=False)
-    cols = list(order) if order is not None else list(dict.fromkeys(t[column]))
-    wide = wide[[c for c in cols if c in wide.columns]]
-    wide.columns.name = None
-    return wide
-
-
-def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
-    """`paired_table` for display: per model, one row per metric and one column per condition holding
-    'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""
-    from sinklib.plots import tables
-
-    t = table.assign(condition=[CONDITION_LABELS.get(c, c) for c in table.condition])
-    wide = metric_grid(t, [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)],
-                       "condition", [CONDITION_LABELS.get(c, c) for c in conditions])
-    return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
-                        "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
-                        "strict-format mean; perplexity without a p-value. " + SCORE_LEGEND)
-
-
-def strict_mean(scores: Mapping[str, float] | pd.DataFrame) -> float | pd.Series:
-    """Mean of the strict-format scores (`STRICT_METRICS`): of a mapping 'suite metric' -> score (the
-    metrics it holds), or per row of a frame with those columns."""
-    if isinstance(scores, pd.DataFrame):
-        return scores[list(STRICT_METRICS)].mean(axis=1)
-    return float(np.mean([scores[k] for k in STRICT_METRICS if k in scores]))
-
-
-def condition_row(name: str, condition: str, evaluation: dict) -> dict:
-    """One evaluated condition as a flat row: model, condition, S, VQA (%), and 'suite metric' -> score."""
-    vqa = evaluation["vqa"]
-    row = {"model": name, "condition": condition, "S": evaluation["S"], "VQA (%)": 100 * vqa[0] if vqa else np.nan}
-    row.update({f"{r['suite']} {r['metric']}": r["score"] for r in evaluation["scores"]})
-    return row
-
-
-def panel_row(name: str, S: float, qk_norm: str, changes: Mapping[str, float]) -> dict:
-    """The measured panel row of one adapted pair: `changes` maps 'suite metric' -> change under VL (points)."""
-    from sinklib.stats.schema import task_column
-
-    row = {"pair": f"{name}+VL (this book)", "vlm": f"{name} adapted by sinklib.vl", "llm": name, "S": float(S),
-           "qk_norm": qk_norm, "source": "measured: notebook 04"}
-    row.update({task_column(metric): float(v) for metric, v in changes.items()})
-    return row
-
-
-def panel_rows(lms: Mapping[str, Loaded], S_wide: pd.DataFrame, deltas: pd.DataFrame) -> list[dict]:
-    """The measured panel that chapter 5 reads: one `panel_row` per model (its base S, QK-norm type and VL
-    changes from `score_deltas`)."""
-    return [panel_row(name, S_wide.loc[name, "base"], lm.qk_norm,
-                      deltas[(deltas.model == name) & (deltas.condition == "vl")].set_index("metric").change)
-            for name, lm in lms.items()]
-
+# chapter 4's pairs as it saves them and as later chapters read them
 
 def pair_records(built: Mapping[str, Pair]) -> dict:
     """What chapter 4 saves of its pairs: training seconds per condition, the checkpoint folders (relative to
@@ -547,91 +407,6 @@ def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
             "lr_projector_stage2", "schedule")
     own = vl.recipe_for(name)  # a parameter set to vl.FROM_RECIPE takes the model's recipe value
     return pair_params(name, weights=weights, **{k: own[k] if params[k] == vl.FROM_RECIPE else params[k] for k in keys})
-
-
-# ---------------------------------------------------------------------------------------
-# display tables of chapters 4 and 6 (what is shown; the saved results keep the full frames)
-
-#: short display names of the score columns ('suite metric'), explained by SCORE_LEGEND
-SCORE_LABELS = {"instructions strict": "instr. strict", "instructions lenient": "instr. lenient",
-                "math strict": "math strict", "math lenient": "math lenient", "knowledge acc": "knowl.",
-                "perplexity ppl": "ppl", "VQA (%)": "VQA"}
-SCORE_LEGEND = ("instr. = instruction following, strict or lenient format; math = arithmetic graded by the strict "
-                "or lenient parser; knowl. = knowledge multiple-choice accuracy; scores in %; ppl = perplexity; "
-                "VQA = held-out visual question accuracy (%)")
-CONDITION_LABELS = {"vl": "VL", "text_only": "text-only", "base": "base", "random": "random",
-                     "text_sentence": "text-only, sentences"}
-
-
-def budget_table(budget_rows: Sequence[Mapping[str, Any]]):
-    """Chapter 4's token budget for display: rows (model, quantity), one column per condition and stage."""
-    from sinklib.plots import Table
-
-    df = pd.DataFrame(budget_rows)
-    quantities = [c for c in df.columns if c not in ("model", "condition", "stage")]
-    df["run"] = [f"{CONDITION_LABELS.get(c, c)} {s.replace('stage', 'stage ')}" for c, s in zip(df.condition, df.stage)]
-    long = df.melt(id_vars=["model", "run"], value_vars=quantities, var_name="quantity")
-    long["quantity"] = long["quantity"].str.replace("_", " ")
-    wide = long.pivot_table(index=["model", "quantity"], columns="run", values="value", aggfunc="first", sort=False)
-    wide = wide.map(lambda v: "" if pd.isna(v) else f"{int(v):,}")
-    wide.columns.name = None
-    return Table(wide, "Summed over each stage: optimiser steps, training examples, answer tokens (the loss's "
-                       "targets) and input positions (visual + text = input; padded: with padding). The text-only "
-                       "control runs one stage, matched to VL stage 2.")
-
-
-def by_model_table(rows: pd.DataFrame, legend: str = "", digits: int = 1):
-    """A one-row-per-model frame transposed for display: one column per model, one row per column of `rows`
-    (numbers with `digits` decimals, booleans as yes/no)."""
-    from sinklib.plots import Table
-
-    t = rows.set_index("model").T
-    t = t.map(lambda v: ("yes" if v else "no") if isinstance(v, (bool, np.bool_)) else
-              (f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else v))
-    t.columns.name = None
-    return Table(t, legend)
-
-
-def condition_tables(rows: pd.DataFrame, legend: str = SCORE_LEGEND) -> list:
-    """`condition_row` rows (model, condition, S, VQA (%), 'suite metric' scores) for display: index
-    (model, condition without 'merge:'), short headers (`SCORE_LABELS`), S to 3 decimals and scores to 1;
-    split into tables that fit the book's column."""
-    from sinklib.plots import tables
-
-    cols = ["S", "VQA (%)", "instructions strict", "math strict", "instructions lenient", "math lenient",
-            "knowledge acc", "perplexity ppl"]
-    d = rows.copy()
-    d["condition"] = [str(c).replace("merge:", "") for c in d["condition"]]
-    d = d.set_index(["model", "condition"])[[c for c in cols if c in rows]]
-    for c in d.columns:
-        d[c] = [f"{v:.3f}" if c == "S" else ("" if pd.isna(v) else f"{v:.1f}") for v in d[c]]
-    d.columns = [SCORE_LABELS.get(c, c) for c in d.columns]
-    return tables(d, legend)
-
-
-def merge_verdict_table(verdicts: pd.DataFrame):
-    """Chapter 6's merge verdicts for display: the change from VL with its paired interval in one cell (when
-    the verdicts hold 'lo' and 'hi'), short headers, the repeated reported verdict as the legend."""
-    from sinklib.plots import Table
-
-    names = {"strict format change vs VL (pt)": "strict change vs VL (pt)", "worse than VL": "worse than VL",
-             "recovers to base level": "back to base", "VQA kept (% of VL)": "VQA kept (%)", "S": "S"}
-    v = verdicts.copy()
-    if {"lo", "hi"} <= set(v.columns):
-        v["strict format change vs VL (pt)"] = [f"{x:+.1f} [{lo:+.1f}, {hi:+.1f}]" for x, lo, hi in
-                                                zip(v["strict format change vs VL (pt)"], v.lo, v.hi)]
-    d = v.set_index(["model", "method"])[list(names)].rename(columns=names)
-    for c in d.columns:
-        d[c] = [("yes" if x else "no") if isinstance(x, (bool, np.bool_)) else x if isinstance(x, str) else
-                ("" if pd.isna(x) else (f"{x:.3f}" if c == "S" else f"{x:.1f}")) for x in d[c]]
-    reported = "; ".join(f"{m}: {r}" for r, ms in verdicts.groupby("paper's verdict (reported)", sort=False).method
-                         for m in [", ".join(dict.fromkeys(ms))])
-    paired_note = (" [paired bootstrap 95 % interval over the shared items]; worse than VL: that interval lies below "
-                   "zero" if {"lo", "hi"} <= set(v.columns) else "")
-    return Table(d, f"strict = mean of the strict-format scores{paired_note}; back to base: the merge recovers the "
-                    "VL loss by the claims page's paired rule (above the base outside the noise, or not below it and "
-                    "above VL outside the noise); VQA kept: the merge's VQA accuracy as % of the VL model's. The "
-                    f"paper's verdict (reported): {reported}.")
 
 
 # ---------------------------------------------------------------------------------------

@@ -160,6 +160,48 @@ def timing_rows(model: str, T: int, times: dict[str, list[float]], skipped: dict
     return rows
 
 
+def _s_cost_row(lm, name: str, p: dict, repeats: int, log: Callable[[str], None]) -> dict:
+    """The cost of S with chapter 2's parameters `p` on one loaded model, beside plain passes over the same batches."""
+    from sinklib.core import sink
+
+    if lm.tokenizer is not None:
+        from sinklib.core.data import load_prompts
+
+        kw = {"prompts": load_prompts(p["n_prompts"], p["seed"])}
+    else:
+        g = torch.Generator().manual_seed(p["seed"])
+        vocab = lm.model.config.get_text_config().vocab_size
+        kw = {"seqs": [torch.randint(3, vocab, (int(n),), generator=g).tolist()
+                       for n in torch.randint(p["max_tokens"] // 2, p["max_tokens"] + 1, (p["n_prompts"],), generator=g)]}
+    out: dict = {}
+    t = interleaved_timings(s_cost_fns(lm, **kw, last_k_layers=p["last_k_layers"], query_start=p["query_start"],
+                                       max_tokens=p["max_tokens"], batch_size=p["batch_size"], out=out), repeats=repeats)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    row = {"model": name, **p, "last_k_layers": min(p["last_k_layers"], sink.n_layers(lm.model)),
+           "S": out.get("S"), "S_seconds": med["S"], "plain_seconds": med["plain"],
+           "ratio": med["S"] / med["plain"], "times": t}
+    log(f"[bench] {name}: S = {out.get('S'):.3f} in {med['S']:.3f} s (plain passes {med['plain']:.3f} s)")
+    return row
+
+
+def _memory_rows(name: str, lengths: Sequence[int], preds: dict[int, int], budget: int, last_k_layers: int,
+                 log: Callable[[str], None]) -> list[dict]:
+    """Peak memory of every method and length of one model, each in its own process (eager skipped over budget)."""
+    mem = []
+    for T in lengths:
+        for m in METHODS:
+            pred = preds[T] if m == "eager" else None
+            if pred is not None and pred > budget:
+                row = {"model": name, "method": m, "T": T, "status": f"skipped (predicted {pred / GIB:.1f} GiB)"}
+            else:
+                row = peak_memory(name, m, T, last_k_layers)
+            row["predicted_bytes"] = pred
+            mem.append(row)
+            log(f"[bench] {name} T={T} {m}: " + (f"+{row['extra_bytes'] / 2**20:.0f} MiB"
+                                                 if row["status"] == "ok" else row["status"]))
+    return mem
+
+
 def run_cpu(models: Sequence[str] = DEFAULT_MODELS, lengths: Sequence[int] = DEFAULT_LENGTHS, repeats: int = 3,
             last_k_layers: int = 10, eager_budget_gib: float = 12.0, memory: bool = True, s_profile: dict | None = None,
             fit_min_T: int = 512, log: Callable[[str], None] = print, min_seconds: float = 0.0) -> tuple[dict, list]:
@@ -187,40 +229,12 @@ def run_cpu(models: Sequence[str] = DEFAULT_MODELS, lengths: Sequence[int] = DEF
             log(f"[bench] {name} T={T}: " + ", ".join(
                 f"{r['method']} {r['median_s']:.3f} s" if r["status"] == "ok" else f"{r['method']} {r['status']}"
                 for r in rows) + f"  ({time.perf_counter() - t0:.0f} s)")
-        # the cost of S with chapter 2's parameters
-        p = s_profile
-        if lm.tokenizer is not None:
-            from sinklib.core.data import load_prompts
-
-            kw = {"prompts": load_prompts(p["n_prompts"], p["seed"])}
-        else:
-            g = torch.Generator().manual_seed(p["seed"])
-            vocab = lm.model.config.get_text_config().vocab_size
-            kw = {"seqs": [torch.randint(3, vocab, (int(n),), generator=g).tolist()
-                           for n in torch.randint(p["max_tokens"] // 2, p["max_tokens"] + 1, (p["n_prompts"],), generator=g)]}
-        out: dict = {}
-        t = interleaved_timings(s_cost_fns(lm, **kw, last_k_layers=p["last_k_layers"], query_start=p["query_start"],
-                                           max_tokens=p["max_tokens"], batch_size=p["batch_size"], out=out), repeats=repeats)
-        med = {k: statistics.median(v) for k, v in t.items()}
-        scost.append({"model": name, **p, "last_k_layers": min(p["last_k_layers"], sink.n_layers(lm.model)),
-                      "S": out.get("S"), "S_seconds": med["S"], "plain_seconds": med["plain"],
-                      "ratio": med["S"] / med["plain"], "times": t})
-        log(f"[bench] {name}: S = {out.get('S'):.3f} in {med['S']:.3f} s (plain passes {med['plain']:.3f} s)")
+        scost.append(_s_cost_row(lm, name, s_profile, repeats, log))
         preds = {T: predict_eager_bytes(lm.model, T) for T in lengths}
         del lm, fns
         gc.collect()
         if memory:
-            for T in lengths:
-                for m in METHODS:
-                    pred = preds[T] if m == "eager" else None
-                    if pred is not None and pred > budget:
-                        row = {"model": name, "method": m, "T": T, "status": f"skipped (predicted {pred / GIB:.1f} GiB)"}
-                    else:
-                        row = peak_memory(name, m, T, last_k_layers)
-                    row["predicted_bytes"] = pred
-                    mem.append(row)
-                    log(f"[bench] {name} T={T} {m}: " + (f"+{row['extra_bytes'] / 2**20:.0f} MiB"
-                                                         if row["status"] == "ok" else row["status"]))
+            mem += _memory_rows(name, lengths, preds, budget, last_k_layers, log)
     results = {"timing": timing, "memory": mem, "memory_fit": memory_fits(mem, fit_min_T), "s_cost": scost}
     results["targets"] = check_targets(results)
     return results, prov

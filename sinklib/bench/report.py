@@ -52,27 +52,18 @@ def is_partial(params: dict) -> bool:
                 or not set(DEFAULT_MODELS) <= set(params.get("models", [])))
 
 
-def cpu_markdown(doc: dict) -> str:
-    """The CPU section of the performance page (time, memory, slopes, targets, cost of S) as MyST markdown."""
-    from sinklib.bench.timing import MEM_RESOLUTION, METHODS, PROBE_OVER_PLAIN, check_targets, memory_fits
+def _partial_warning(par: dict) -> str:
+    """The warning over a partial CPU run (`is_partial`)."""
+    return ("```{warning}\nThis is a partial run (models: " + ", ".join(par.get("models", [])) + "; lengths: "
+            + ", ".join(map(str, par.get("lengths", []))) + f"; {par.get('repeats')} repeat(s)"
+            + ("" if par.get("memory", True) else "; memory not measured")
+            + "), a smoke test of the command rather than the benchmark; its times were taken on a machine "
+            "that may have been busy. The full benchmark is `python -m sinklib.bench` with its defaults, "
+            "on a quiet machine.\n```")
 
-    res, par = dict(doc["results"]), doc.get("parameters") or {}
-    # slopes and verdicts are derived again from the raw measurements, so the page follows the current rules
-    res["memory_fit"] = memory_fits(res.get("memory") or [], int(par.get("fit_min_T", 512)))
-    res["targets"] = check_targets(res)
-    parts = []
-    if is_partial(par):
-        parts.append("```{warning}\nThis is a partial run (models: " + ", ".join(par.get("models", [])) + "; lengths: "
-                     + ", ".join(map(str, par.get("lengths", []))) + f"; {par.get('repeats')} repeat(s)"
-                     + ("" if par.get("memory", True) else "; memory not measured")
-                     + "), a smoke test of the command rather than the benchmark; its times were taken on a machine "
-                     "that may have been busy. The full benchmark is `python -m sinklib.bench` with its defaults, "
-                     "on a quiet machine.\n```")
-    line = _provenance_line(doc)
-    if line:
-        parts.append(line)
 
-    tim = res["timing"]
+def _time_section(tim: list[dict]) -> str:
+    """The 'Time per pass' table of the CPU section."""
     by = {(r["model"], r["T"], r["method"]): r for r in tim}
     keys = list(dict.fromkeys((r["model"], r["T"]) for r in tim))
 
@@ -90,65 +81,96 @@ def cpu_markdown(doc: dict) -> str:
 
     rows = [[model, str(T), n_rounds(model, T), t_cell(model, T, "plain", None), t_cell(model, T, "probe_k"),
              t_cell(model, T, "probe_all"), t_cell(model, T, "eager", "eager_over_probe")] for model, T in keys]
-    parts.append("### Time per pass\n\nMedian seconds of one pass over the timed rounds; in brackets, the ratio of "
-                 "medians to the plain pass (for eager: to the probe, last K layers).\n\n" + _table(
-                     ["model", "T (tokens)", "rounds", "plain SDPA (s)", "probe, last K: s (/ plain)",
-                      "probe, all layers: s (/ plain)", "eager output_attentions: s (/ probe)"], rows))
+    return ("### Time per pass\n\nMedian seconds of one pass over the timed rounds; in brackets, the ratio of "
+            "medians to the plain pass (for eager: to the probe, last K layers).\n\n" + _table(
+                ["model", "T (tokens)", "rounds", "plain SDPA (s)", "probe, last K: s (/ plain)",
+                 "probe, all layers: s (/ plain)", "eager output_attentions: s (/ probe)"], rows))
 
+
+def _memory_table(mem: list[dict]) -> str:
+    """The 'Peak memory' table of the CPU section (measured memory rows `mem`, not empty)."""
+    mby = {(r["model"], r["T"], r["method"]): r for r in mem}
+
+    def m_cell(model, T, m):
+        r = mby.get((model, T, m))
+        if r is None:
+            return "not run"
+        return f"{r['extra_bytes'] / MIB:.0f}" if r["status"] == "ok" else r["status"]
+
+    def diff(model, T):
+        a, b = mby.get((model, T, "probe_k")), mby.get((model, T, "plain"))
+        if a and b and a["status"] == b["status"] == "ok":
+            return f"{(a['extra_bytes'] - b['extra_bytes']) / MIB:+.0f}"
+        return "n/a"
+
+    def pred(model, T):
+        p = (mby.get((model, T, "eager")) or {}).get("predicted_bytes")
+        return f"{p / MIB:.0f}" if p else "n/a"
+
+    mkeys = list(dict.fromkeys((r["model"], r["T"]) for r in mem))
+    rows = [[model, str(T), m_cell(model, T, "plain"), m_cell(model, T, "probe_k"), diff(model, T),
+             m_cell(model, T, "probe_all"), m_cell(model, T, "eager"), pred(model, T)] for model, T in mkeys]
+    return ("### Peak memory\n\nPeak resident memory of one pass above the memory of the loaded model "
+            "(MiB), each method and length measured in its own process (plain: the plain SDPA pass; eager: "
+            "eager output_attentions; eager predicted: what the skipping rule expects of eager).\n\n" + _table(
+                ["model", "T", "plain", "probe, last K", "probe - plain", "probe, all", "eager",
+                 "eager predicted"], rows))
+
+
+def _slope_table(fits: list[dict]) -> str:
+    """The fitted memory slopes per model and method (`timing.memory_fits`) of the CPU section."""
+    from sinklib.bench.timing import MEM_RESOLUTION, METHODS, PROBE_OVER_PLAIN
+
+    fby = {(f["model"], f["method"]): f for f in fits}
+    series = [*METHODS, PROBE_OVER_PLAIN]
+    rows = [[model, ", ".join(map(str, next((f["lengths"] for f in fits if f["model"] == model), [])))]
+            + [_cell(fby.get((model, m), {}).get("slope"), ".2f") for m in series]
+            for model in dict.fromkeys(f["model"] for f in fits)]
+    return ("Fitted log-log slope of that memory against T (1 = linear, 2 = quadratic; n/a where it "
+            "could not be fitted; probe - plain leaves out differences within the resolution of "
+            f"{MEM_RESOLUTION // MIB} MiB, which are noise between processes):\n\n" + _table(
+                ["model", "fitted over T", "plain", "probe, last K", "probe, all", "eager", "probe - plain"],
+                rows))
+
+
+def _s_cost_section(res: dict, par: dict) -> str:
+    """The 'Time to measure S' table of the CPU section."""
+    rows = [[s["model"], str(s["n_prompts"]), str(s["last_k_layers"]), str(s["max_tokens"]), _cell(s.get("S"), ".3f"),
+             f"{s['S_seconds']:.3f}", f"{s['plain_seconds']:.3f}", f"{s['ratio']:.2f}"] for s in res.get("s_cost", [])]
+    return ("### Time to measure S\n\nS with chapter 2's parameters of the "
+            + ("quick" if par.get("quick") else "full") + " profile (sink = first token, q0 = "
+            f"{(res.get('s_cost') or [{}])[0].get('query_start', '?')}, batches of "
+            f"{(res.get('s_cost') or [{}])[0].get('batch_size', '?')}), beside plain SDPA passes over the same "
+            "batches; model loading not included.\n\n" + _table(
+                ["model", "prompts N", "K", "max tokens", "S", "time of S (s)", "plain passes (s)", "S / plain"], rows))
+
+
+def cpu_markdown(doc: dict) -> str:
+    """The CPU section of the performance page (time, memory, slopes, targets, cost of S) as MyST markdown."""
+    from sinklib.bench.timing import check_targets, memory_fits
+
+    res, par = dict(doc["results"]), doc.get("parameters") or {}
+    # slopes and verdicts are derived again from the raw measurements, so the page follows the current rules
+    res["memory_fit"] = memory_fits(res.get("memory") or [], int(par.get("fit_min_T", 512)))
+    res["targets"] = check_targets(res)
+    parts = []
+    if is_partial(par):
+        parts.append(_partial_warning(par))
+    line = _provenance_line(doc)
+    if line:
+        parts.append(line)
+    parts.append(_time_section(res["timing"]))
     mem = res.get("memory") or []
     if mem:
-        mby = {(r["model"], r["T"], r["method"]): r for r in mem}
-
-        def m_cell(model, T, m):
-            r = mby.get((model, T, m))
-            if r is None:
-                return "not run"
-            return f"{r['extra_bytes'] / MIB:.0f}" if r["status"] == "ok" else r["status"]
-
-        def diff(model, T):
-            a, b = mby.get((model, T, "probe_k")), mby.get((model, T, "plain"))
-            if a and b and a["status"] == b["status"] == "ok":
-                return f"{(a['extra_bytes'] - b['extra_bytes']) / MIB:+.0f}"
-            return "n/a"
-
-        def pred(model, T):
-            p = (mby.get((model, T, "eager")) or {}).get("predicted_bytes")
-            return f"{p / MIB:.0f}" if p else "n/a"
-
-        mkeys = list(dict.fromkeys((r["model"], r["T"]) for r in mem))
-        rows = [[model, str(T), m_cell(model, T, "plain"), m_cell(model, T, "probe_k"), diff(model, T),
-                 m_cell(model, T, "probe_all"), m_cell(model, T, "eager"), pred(model, T)] for model, T in mkeys]
-        parts.append("### Peak memory\n\nPeak resident memory of one pass above the memory of the loaded model "
-                     "(MiB), each method and length measured in its own process (plain: the plain SDPA pass; eager: "
-                     "eager output_attentions; eager predicted: what the skipping rule expects of eager).\n\n" + _table(
-                         ["model", "T", "plain", "probe, last K", "probe - plain", "probe, all", "eager",
-                          "eager predicted"], rows))
-        fits = res.get("memory_fit") or []
-        fby = {(f["model"], f["method"]): f for f in fits}
-        series = [*METHODS, PROBE_OVER_PLAIN]
-        rows = [[model, ", ".join(map(str, next((f["lengths"] for f in fits if f["model"] == model), [])))]
-                + [_cell(fby.get((model, m), {}).get("slope"), ".2f") for m in series]
-                for model in dict.fromkeys(f["model"] for f in fits)]
-        parts.append("Fitted log-log slope of that memory against T (1 = linear, 2 = quadratic; n/a where it "
-                     "could not be fitted; probe - plain leaves out differences within the resolution of "
-                     f"{MEM_RESOLUTION // MIB} MiB, which are noise between processes):\n\n" + _table(
-                         ["model", "fitted over T", "plain", "probe, last K", "probe, all", "eager", "probe - plain"],
-                         rows))
+        parts.append(_memory_table(mem))
+        parts.append(_slope_table(res.get("memory_fit") or []))
     else:
         parts.append("### Peak memory\n\nNot measured in this run (`--no-memory`).")
 
     verdict = {True: "yes", False: "**no**", None: "not measured"}
     rows = [[t["target"], t["model"], t["measured"], verdict[t["ok"]]] for t in res.get("targets", [])]
     parts.append("### Targets\n\n" + _table(["target", "model", "measured", "met"], rows))
-
-    rows = [[s["model"], str(s["n_prompts"]), str(s["last_k_layers"]), str(s["max_tokens"]), _cell(s.get("S"), ".3f"),
-             f"{s['S_seconds']:.3f}", f"{s['plain_seconds']:.3f}", f"{s['ratio']:.2f}"] for s in res.get("s_cost", [])]
-    parts.append("### Time to measure S\n\nS with chapter 2's parameters of the "
-                 + ("quick" if par.get("quick") else "full") + " profile (sink = first token, q0 = "
-                 f"{(res.get('s_cost') or [{}])[0].get('query_start', '?')}, batches of "
-                 f"{(res.get('s_cost') or [{}])[0].get('batch_size', '?')}), beside plain SDPA passes over the same "
-                 "batches; model loading not included.\n\n" + _table(
-                     ["model", "prompts N", "K", "max tokens", "S", "time of S (s)", "plain passes (s)", "S / plain"], rows))
+    parts.append(_s_cost_section(res, par))
     return "\n\n".join(parts) + "\n"
 
 

@@ -118,6 +118,13 @@ def capture_qk_inputs(model: Any, input_ids: Tensor, layers: list[int] | None = 
     cfg = getattr(model.config, "text_config", model.config)
     if getattr(cfg, "attn_logit_softcapping", None):
         raise AttentionError("this model soft-caps attention logits; the bound here does not model it")
+    seen = _capture_layer_inputs(model, dec, chosen, input_ids)
+    return [_layer_qk(dec[l].self_attn, l, cfg, T, seen[l], dtype) for l in chosen]
+
+
+def _capture_layer_inputs(model: Any, dec: list, chosen: list[int], input_ids: Tensor) -> dict[int, dict]:
+    """One forward pass with pre-hooks on the chosen decoder layers and their attention modules:
+    {layer: {'residual', 'x', 'rope'}} (detached, on the model's device)."""
     seen: dict[int, dict] = {l: {} for l in chosen}
     handles = []
 
@@ -144,39 +151,39 @@ def capture_qk_inputs(model: Any, input_ids: Tensor, layers: list[int] | None = 
     finally:
         for h in handles:
             h.remove()
+    return seen
 
-    out = []
-    for l in chosen:
-        attn = dec[l].self_attn
-        H = cfg.num_attention_heads
-        Hkv = getattr(cfg, "num_key_value_heads", None) or H
-        dh = getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-        window = getattr(attn, "sliding_window", None)
-        if window is not None and T > window:
-            raise ParameterError(f"layer {l} attends within a sliding window of {window} tokens but the prompt "
-                                 f"has {T}; shorten the prompt (max_tokens) so the sink stays visible")
-        qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        gq = gk = None
-        eps = 1e-6
-        if qn is None:
-            norm = "none"
-        else:
-            wq_n = next(qn.parameters()).numel()
-            norm = "per_head" if wq_n == dh else "layerwise"
-            gq, eps = _effective_gain(qn, wq_n)
-            gk, eps_k = _effective_gain(kn, next(kn.parameters()).numel())
-            if eps_k != eps:
-                raise AttentionError(f"layer {l}: q_norm eps {eps} differs from k_norm eps {eps_k}")
-            gq, gk = gq.to(dtype), gk.to(dtype)
-        spec = QKSpec(norm, H, Hkv, int(dh), scaling=float(attn.scaling), eps=float(eps))
-        cv = lambda t: None if t is None else t.detach().to("cpu", dtype)  # noqa: E731
-        rope = seen[l]["rope"]
-        out.append(LayerQK(
-            layer=l, x=cv(seen[l]["x"][0]), residual=cv(seen[l]["residual"][0]),
-            wq=cv(attn.q_proj.weight), wk=cv(attn.k_proj.weight), spec=spec, gq=gq, gk=gk,
-            bq=cv(attn.q_proj.bias), bk=cv(attn.k_proj.bias),
-            rope=None if rope is None else (cv(rope[0][0]), cv(rope[1][0])), sliding_window=window))
-    return out
+
+def _layer_qk(attn: Any, l: int, cfg: Any, T: int, seen_l: dict, dtype: torch.dtype) -> LayerQK:
+    """The `LayerQK` of layer `l` (attention module `attn`) from its captured inputs `seen_l`."""
+    H = cfg.num_attention_heads
+    Hkv = getattr(cfg, "num_key_value_heads", None) or H
+    dh = getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    window = getattr(attn, "sliding_window", None)
+    if window is not None and T > window:
+        raise ParameterError(f"layer {l} attends within a sliding window of {window} tokens but the prompt "
+                             f"has {T}; shorten the prompt (max_tokens) so the sink stays visible")
+    qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    gq = gk = None
+    eps = 1e-6
+    if qn is None:
+        norm = "none"
+    else:
+        wq_n = next(qn.parameters()).numel()
+        norm = "per_head" if wq_n == dh else "layerwise"
+        gq, eps = _effective_gain(qn, wq_n)
+        gk, eps_k = _effective_gain(kn, next(kn.parameters()).numel())
+        if eps_k != eps:
+            raise AttentionError(f"layer {l}: q_norm eps {eps} differs from k_norm eps {eps_k}")
+        gq, gk = gq.to(dtype), gk.to(dtype)
+    spec = QKSpec(norm, H, Hkv, int(dh), scaling=float(attn.scaling), eps=float(eps))
+    cv = lambda t: None if t is None else t.detach().to("cpu", dtype)  # noqa: E731
+    rope = seen_l["rope"]
+    return LayerQK(
+        layer=l, x=cv(seen_l["x"][0]), residual=cv(seen_l["residual"][0]),
+        wq=cv(attn.q_proj.weight), wk=cv(attn.k_proj.weight), spec=spec, gq=gq, gk=gk,
+        bq=cv(attn.q_proj.bias), bk=cv(attn.k_proj.bias),
+        rope=None if rope is None else (cv(rope[0][0]), cv(rope[1][0])), sliding_window=window)
 
 
 def sink_norm_ratios(layer: LayerQK) -> dict:

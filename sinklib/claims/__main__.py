@@ -1,3 +1,3 @@
-from sinklib.claims.table import main
+from sinklib.claims.registry import main
 
 raise SystemExit(main())

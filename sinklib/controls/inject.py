@@ -74,30 +74,9 @@ def _mean_head_rms(model: torch.nn.Module, input_ids: torch.Tensor,
     return mean[:, 0], mean[:, 1]
 
 
-def inject_qk_norm(model: torch.nn.Module, calib_input_ids: torch.Tensor | None = None, *,
-                   attention_mask: torch.Tensor | None = None, gain_rule: str = "match_rms") -> torch.nn.Module:
-    """Return a Qwen3ForCausalLM equal to the Llama `model` plus per-head QK-RMSNorm.
-
-    Every weight is copied; each layer gets q_norm/k_norm (RMSNorm over head_dim, eps =
-    rms_norm_eps, gain [head_dim] shared across heads, applied after the projection and
-    before RoPE). Gain rules:
-    - "match_rms" (default): every entry of layer l's q_norm gain is the mean over
-      calibration tokens (calib_input_ids [B, T], attention_mask [B, T] optional) and heads
-      of the per-(token, head) RMS of that layer's query projection; likewise for keys.
-      Directions of all queries and keys are kept exactly and their average length is
-      kept; each token's deviation from the average length is lost, so the outputs cannot
-      be identical. In a pretrained model token lengths vary a lot (the sink token's q/k RMS
-      is far below the other tokens' in late layers), so the injected model's next-token
-      distribution can move far (chapter 6 measures how far), which is why
-      `recovery_finetune` exists.
-    - "ones": Qwen3's own initialisation (unit gains); queries and keys get RMS 1.
-
-    Raises AlreadyHasQKNorm if the model already has q_norm/k_norm modules (Qwen3,
-    Gemma-3, OLMo-2, ...), ParameterError for any other architecture than Llama.
-    """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    gain_rule = check_choice("gain_rule", gain_rule, GAIN_RULES)
+def _check_injectable(model: torch.nn.Module, calib_input_ids: torch.Tensor | None,
+                      attention_mask: torch.Tensor | None, gain_rule: str) -> None:
+    """`inject_qk_norm`'s checks: a Llama without QK-norm and, for 'match_rms', calibration ids [B, T]."""
     cfg = model.config
     existing = _qk_norm_modules(model)
     if existing:
@@ -124,6 +103,12 @@ def inject_qk_norm(model: torch.nn.Module, calib_input_ids: torch.Tensor | None 
                 f"{tuple(calib_input_ids.shape)}"
             )
 
+
+def _qwen3_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A Qwen3ForCausalLM with the Llama `model`'s config and every weight (q_norm/k_norm gains left at init)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = model.config
     fields = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range",
               "rms_norm_eps", "use_cache", "tie_word_embeddings", "rope_parameters", "attention_bias",
@@ -139,6 +124,13 @@ def inject_qk_norm(model: torch.nn.Module, calib_input_ids: torch.Tensor | None 
         raise ParameterError(
             f"inject_qk_norm could not map every weight (missing {bad_missing[:3]}, unexpected {unexpected[:3]})"
         )
+    return new
+
+
+def _injected_gains(model: torch.nn.Module, calib_input_ids: torch.Tensor | None,
+                    attention_mask: torch.Tensor | None, gain_rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q_norm and k_norm gain per layer (q [L], k [L]) of `gain_rule` ('match_rms' or 'ones')."""
+    cfg = model.config
     if gain_rule == "match_rms":
         was_training = model.training
         model.eval()
@@ -146,6 +138,36 @@ def inject_qk_norm(model: torch.nn.Module, calib_input_ids: torch.Tensor | None 
         model.train(was_training)
     else:
         q_rms = k_rms = torch.ones(cfg.num_hidden_layers)
+    return q_rms, k_rms
+
+
+def inject_qk_norm(model: torch.nn.Module, calib_input_ids: torch.Tensor | None = None, *,
+                   attention_mask: torch.Tensor | None = None, gain_rule: str = "match_rms") -> torch.nn.Module:
+    """Return a Qwen3ForCausalLM equal to the Llama `model` plus per-head QK-RMSNorm.
+
+    Every weight is copied; each layer gets q_norm/k_norm (RMSNorm over head_dim, eps =
+    rms_norm_eps, gain [head_dim] shared across heads, applied after the projection and
+    before RoPE). Gain rules:
+    - "match_rms" (default): every entry of layer l's q_norm gain is the mean over
+      calibration tokens (calib_input_ids [B, T], attention_mask [B, T] optional) and heads
+      of the per-(token, head) RMS of that layer's query projection; likewise for keys.
+      Directions of all queries and keys are kept exactly and their average length is
+      kept; each token's deviation from the average length is lost, so the outputs cannot
+      be identical. In a pretrained model token lengths vary a lot (the sink token's q/k RMS
+      is far below the other tokens' in late layers), so the injected model's next-token
+      distribution can move far (chapter 6 measures how far), which is why
+      `recovery_finetune` exists.
+    - "ones": Qwen3's own initialisation (unit gains); queries and keys get RMS 1.
+
+    Raises AlreadyHasQKNorm if the model already has q_norm/k_norm modules (Qwen3,
+    Gemma-3, OLMo-2, ...), ParameterError for any other architecture than Llama.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: F401  (fails early without Qwen3)
+
+    gain_rule = check_choice("gain_rule", gain_rule, GAIN_RULES)
+    _check_injectable(model, calib_input_ids, attention_mask, gain_rule)
+    new = _qwen3_copy(model)
+    q_rms, k_rms = _injected_gains(model, calib_input_ids, attention_mask, gain_rule)
     with torch.no_grad():
         for i, layer in enumerate(decoder_layers(new)):
             layer.self_attn.q_norm.weight.fill_(float(q_rms[i]))

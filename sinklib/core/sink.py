@@ -11,7 +11,8 @@ The probe (`sinklib.core.probe`, re-exported here) is an attention function regi
 attention output as SDPA and, for the layers being recorded, keeps only the sink column's
 probability per query, ``[B, H, T]``: O(T) per head, never a T x T map for every layer.
 It sees queries and keys after RoPE and after q_norm/k_norm, with the model's own masks
-(sliding windows, padding) and its own ``scaling`` and ``softcap``.
+(sliding windows, padding) and its own ``scaling`` and ``softcap``. The tables of chapters 1 and 2 are read in
+words by `sinklib.core.readings` (re-exported here).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from sinklib.errors import AttentionError, ParameterError
 from sinklib.core.models import MODEL_PARAMS
 from sinklib.core.probe import (METHODS, PROBE_NAME, eager_sink_probs, probe_attention, register_probe, sink_probe)  # noqa: F401
 from sinklib.core.params import COMMON, Dependent, check_bool, check_choice, check_int, choice, integer, list_of, text
+from sinklib.core.readings import (aggregate_direction, first_token_reading, layer_means_text,  # noqa: F401
+    ordering_flips, sign_note)
 
 AGGREGATES = ("mass_then_logodds", "logodds_then_mean")
 SINK_MODES = ("first", "bos", "argmax")
@@ -202,6 +205,29 @@ def check_sink_params(model, last_k_layers: int, query_start: int, aggregate: st
     }
 
 
+def _strength_inputs(tok, prompts: Sequence[str] | None, input_ids: Sequence[Sequence[int]] | None, *,
+                     max_tokens: int, query_start: int, short: str) -> list[list[int]]:
+    """The token ids `sink_strength` measures: the prompts encoded (or `input_ids` truncated), checked for length
+    (`short='error'`) or with the too-short ones dropped (`short='skip'`)."""
+    if input_ids is None:
+        if tok is None:
+            raise ParameterError("sink_strength needs prompts and a tokenizer, or input_ids")
+        if prompts is None:
+            raise ParameterError("parameter 'prompts' is missing; pass a list of strings (sinklib.core.data.load_prompts)")
+        check_choice("short", short, ("error", "skip"))
+        seqs = encode_prompts(tok, prompts, max_tokens=max_tokens, min_tokens=2 if short == "skip" else query_start + 2)
+    else:
+        seqs = [list(map(int, s))[:max_tokens] for s in input_ids]
+        if not seqs or (short == "error" and min(len(s) for s in seqs) < query_start + 2):
+            raise ParameterError(f"every input needs at least query_start + 2 = {query_start + 2} tokens "
+                                 "(or pass short='skip')")
+    if short == "skip":
+        seqs = [s for s in seqs if len(s) >= query_start + 2]
+        if not seqs:
+            raise ParameterError(f"no prompt has query_start + 2 = {query_start + 2} tokens; lower query_start")
+    return seqs
+
+
 def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, input_ids: Sequence[Sequence[int]] | None = None,
                   last_k_layers: int = 10, query_start: int = 1, aggregate: str = "mass_then_logodds",
                   sink: str = "first", max_tokens: int = 128, batch_size: int = 8, all_layers: bool = False,
@@ -224,22 +250,7 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
     params = check_sink_params(model, last_k_layers, query_start, aggregate, sink, max_tokens, batch_size)
     check_bool("all_layers", all_layers)
     L = n_layers(model)
-    if input_ids is None:
-        if tok is None:
-            raise ParameterError("sink_strength needs prompts and a tokenizer, or input_ids")
-        if prompts is None:
-            raise ParameterError("parameter 'prompts' is missing; pass a list of strings (sinklib.core.data.load_prompts)")
-        check_choice("short", short, ("error", "skip"))
-        seqs = encode_prompts(tok, prompts, max_tokens=max_tokens, min_tokens=2 if short == "skip" else query_start + 2)
-    else:
-        seqs = [list(map(int, s))[:max_tokens] for s in input_ids]
-        if not seqs or (short == "error" and min(len(s) for s in seqs) < query_start + 2):
-            raise ParameterError(f"every input needs at least query_start + 2 = {query_start + 2} tokens "
-                                 "(or pass short='skip')")
-    if short == "skip":
-        seqs = [s for s in seqs if len(s) >= query_start + 2]
-        if not seqs:
-            raise ParameterError(f"no prompt has query_start + 2 = {query_start + 2} tokens; lower query_start")
+    seqs = _strength_inputs(tok, prompts, input_ids, max_tokens=max_tokens, query_start=query_start, short=short)
     pad_id = (getattr(tok, "pad_token_id", None) if tok is not None else None)
     pad_id = 0 if pad_id is None else pad_id
     layers = list(range(L)) if all_layers else list(range(L - last_k_layers, L))
@@ -414,62 +425,6 @@ def encode_with_first(tokenizer, prompts: Sequence[str], first: str = "default",
 
 # ---------------------------------------------------------------------------------------
 # the parameters of chapters 1 and 2
-
-# ---------------------------------------------------------------------------------------
-# reading the sensitivity and robustness tables (chapter 2's prose comes from these)
-
-
-def ordering_flips(table, main: dict) -> list[tuple[str, str]]:
-    """Rows (choice, value) of a sensitivity table [rows x 2 models of S] under which the two models rank
-    the other way round than their default S (``main[name].S``). Empty for other than two models."""
-    if table.shape[1] != 2:
-        return []
-    a, b = table.columns
-    default = main[a].S > main[b].S
-    return [idx for idx, row in table.iterrows() if (row[a] > row[b]) != default]
-
-
-def aggregate_direction(table) -> str:
-    """Whether ``logodds_then_mean`` gives a higher or lower S than ``mass_then_logodds``, per model, in
-    words, from the "aggregate" rows of a sensitivity table."""
-    agg = table.xs("aggregate", level=0)
-    diff = agg.loc["logodds_then_mean"] - agg.loc["mass_then_logodds"]
-    higher, lower = [m for m, d in diff.items() if d > 0], [m for m, d in diff.items() if d < 0]
-    if not lower:
-        return "higher for every model" if higher else "equal for every model"
-    if not higher:
-        return "lower for every model"
-    return f"higher for {', '.join(higher)} and lower for {', '.join(lower)}"
-
-
-def sign_note(values) -> str:
-    """One sentence on whether each model's S (columns of `values`, one row per calibration set) keeps its sign."""
-    changes = [c for c in values.columns if (values[c] > 0).any() and (values[c] < 0).any()]
-    if not changes:
-        return "Each model's S keeps its sign over every calibration set."
-    return f"The S of {', '.join(changes)} changes sign from one calibration set to another."
-
-
-def first_token_reading(masses: dict[str, dict[str, float]], ratio: float = 0.5) -> str:
-    """Chapter 1's first-token experiment in words: for each model, is the sink positional (an ordinary word
-    first keeps at least `ratio` of the default sink mass) or tied to the default first token (it keeps less)?
-
-    masses: model -> {variant of FIRST_TOKEN_VARIANTS: mean sink mass}.
-    """
-    parts = []
-    for model, m in masses.items():
-        kept = m["word"] / m["default"] if m["default"] > 0 else float("nan")
-        kind = "positional" if kept >= ratio else "tied to its default first token"
-        parts.append(f"{model}'s mean sink mass is {m['default']:.3f} with its default first token, "
-                     f"{m['none']:.3f} with no special token and {m['word']:.3f} with an ordinary word first "
-                     f"({kept:.0%} kept): its sink is {kind}.")
-    return " ".join(parts)
-
-
-def layer_means_text(mass: np.ndarray, layers: Sequence[int], per_line: int = 10) -> str:
-    """Per-layer mean sink mass of a [L, H] map as short text lines ("L0 0.01  L1 0.70 ...")."""
-    cells = [f"L{l} {m:.2f}" for l, m in zip(layers, np.asarray(mass).mean(axis=1))]
-    return "\n".join("  ".join(cells[i:i + per_line]) for i in range(0, len(cells), per_line))
 
 
 def prompt_count(name: str, value) -> int:

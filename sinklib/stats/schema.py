@@ -71,14 +71,9 @@ def _label(df: pd.DataFrame, i: int) -> str:
     return f"row {i + 1}" + ("" if _is_blank(pair) else f" (pair {str(pair).strip()!r})")
 
 
-def validate_panel(df: pd.DataFrame, *, min_rows: int = 0, where: str = "panel") -> pd.DataFrame:
-    """Check a panel against the schema and return a cleaned copy.
-
-    Cleaned: strings stripped, ``S`` and ``delta_*`` as float (blank -> NaN), index 0..n-1.
-    Raises PanelError naming the problem: a missing column, no task column, an empty or
-    duplicate pair id, an unknown qk_norm value, a non-numeric or infinite number, an
-    empty source, or fewer than ``min_rows`` rows. ``where`` names the panel in messages.
-    """
+def _check_columns(df: pd.DataFrame, where: str) -> list[str]:
+    """The checks on a panel's columns (`validate_panel`): a DataFrame, no duplicate column, every required
+    column, at least one task column; returns the task columns."""
     if not isinstance(df, pd.DataFrame):
         raise PanelError(f"{where}: expected a pandas DataFrame, got {type(df).__name__}")
     dup_cols = sorted({str(c) for c in df.columns if list(df.columns).count(c) > 1})
@@ -96,11 +91,11 @@ def validate_panel(df: pd.DataFrame, *, min_rows: int = 0, where: str = "panel")
             f"{where}: no task-change column; add at least one column named "
             f"'{TASK_PREFIX}<task>' (e.g. {TASK_PREFIX}ifeval) holding the change in points"
         )
-    out = df.copy().reset_index(drop=True)
-    for c in out.columns:
-        if c not in ("S", *tasks):
-            out[c] = [v.strip() if isinstance(v, str) else v for v in out[c]]
+    return tasks
 
+
+def _check_pairs(out: pd.DataFrame, where: str) -> None:
+    """Every pair id present and unique (`validate_panel`); turns the column into strings, in place."""
     blank_pairs = [_label(out, i) for i, v in enumerate(out["pair"]) if _is_blank(v)]
     if blank_pairs:
         raise PanelError(f"{where}: empty pair id in {', '.join(blank_pairs)}; every row needs one")
@@ -111,37 +106,56 @@ def validate_panel(df: pd.DataFrame, *, min_rows: int = 0, where: str = "panel")
         desc = "; ".join(f"{p!r} in rows {r}" for p, r in rows.items())
         raise PanelError(f"{where}: duplicate pair id(s): {desc}; each pair may appear once")
 
+
+def _numeric_column(out: pd.DataFrame, c: str, where: str) -> np.ndarray:
+    """Column `c` of a panel as floats (blank -> NaN); PanelError lists every non-numeric or infinite cell."""
+    values: list[float] = []
+    bad: list[str] = []
+    for i, v in enumerate(out[c]):
+        if _is_blank(v):
+            values.append(float("nan"))
+            continue
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            f = float(v.strip()) if isinstance(v, str) else float(v)
+        except (TypeError, ValueError):
+            bad.append(f"{_label(out, i)}: {v!r}")
+            continue
+        if not math.isfinite(f):
+            bad.append(f"{_label(out, i)}: {v!r} (not finite)")
+            continue
+        values.append(f)
+    if bad:
+        raise PanelError(
+            f"{where}: column {c!r} must hold numbers (leave a cell empty when the value "
+            f"is unknown); non-numeric value(s): {'; '.join(bad)}"
+        )
+    return np.asarray(values, dtype=float)
+
+
+def validate_panel(df: pd.DataFrame, *, min_rows: int = 0, where: str = "panel") -> pd.DataFrame:
+    """Check a panel against the schema and return a cleaned copy.
+
+    Cleaned: strings stripped, ``S`` and ``delta_*`` as float (blank -> NaN), index 0..n-1.
+    Raises PanelError naming the problem: a missing column, no task column, an empty or
+    duplicate pair id, an unknown qk_norm value, a non-numeric or infinite number, an
+    empty source, or fewer than ``min_rows`` rows. ``where`` names the panel in messages.
+    """
+    tasks = _check_columns(df, where)
+    out = df.copy().reset_index(drop=True)
+    for c in out.columns:
+        if c not in ("S", *tasks):
+            out[c] = [v.strip() if isinstance(v, str) else v for v in out[c]]
+    _check_pairs(out, where)
+
     bad_qk = [
         f"{_label(out, i)}: {v!r}" for i, v in enumerate(out["qk_norm"]) if _is_blank(v) or v not in QK_NORM_TYPES
     ]
     if bad_qk:
         raise PanelError(f"{where}: qk_norm must be one of {list(QK_NORM_TYPES)}; got {'; '.join(bad_qk)}")
-
     for c in ("S", *tasks):
-        col = out[c]
-        values: list[float] = []
-        bad: list[str] = []
-        for i, v in enumerate(col):
-            if _is_blank(v):
-                values.append(float("nan"))
-                continue
-            try:
-                if isinstance(v, bool):
-                    raise ValueError
-                f = float(v.strip()) if isinstance(v, str) else float(v)
-            except (TypeError, ValueError):
-                bad.append(f"{_label(out, i)}: {v!r}")
-                continue
-            if not math.isfinite(f):
-                bad.append(f"{_label(out, i)}: {v!r} (not finite)")
-                continue
-            values.append(f)
-        if bad:
-            raise PanelError(
-                f"{where}: column {c!r} must hold numbers (leave a cell empty when the value "
-                f"is unknown); non-numeric value(s): {'; '.join(bad)}"
-            )
-        out[c] = np.asarray(values, dtype=float)
+        out[c] = _numeric_column(out, c, where)
 
     blank_src = [_label(out, i) for i, v in enumerate(out["source"]) if _is_blank(v)]
     if blank_src:

@@ -234,6 +234,118 @@ def _rho_est(rho_table: pd.DataFrame, task: str):
     return Est(float(r["rho"]), float(r["ci_boot_lo"]), float(r["ci_boot_hi"])), r
 
 
+def _hyp_row(h, paper, ours, verdict, why) -> dict:
+    """One row of the `hypotheses` table."""
+    return {"hypothesis": h, "paper": paper, "this panel": ours, "verdict": verdict, "why": why}
+
+
+def _hyp_strict(st: Mapping[str, pd.DataFrame], paper_rho: str) -> list[dict]:
+    """H1 (rho of S against the strict-format change) and H2 (S beyond the QK-norm variant)."""
+    import math
+
+    from sinklib.stats.schema import TINY_STRICT_TASK
+    from sinklib.stats.verdicts import INCONCLUSIVE, direction, est
+
+    out = []
+    e, r = _rho_est(st["rho"], TINY_STRICT_TASK)
+    if math.isnan(e.v):
+        out.append(_hyp_row("H1 S predicts the strict-format change", paper_rho, "not computed", INCONCLUSIVE,
+                            r["note"]))
+    else:
+        out.append(_hyp_row("H1 S predicts the strict-format change", paper_rho,
+                            f"rho {est(e, 2)} (n = {int(r['n'])}, p = {r['p_value']:.3g})", direction(e, +1),
+                            "bootstrap 95 % interval of rho"))
+    ar = st["architecture"].set_index("task").loc[TINY_STRICT_TASK]
+    pr, pp = ar.get("partial_rho", float("nan")), ar.get("partial_p", float("nan"))
+    if pr is None or not np.isfinite(pr):
+        out.append(_hyp_row("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)",
+                            "not computed", INCONCLUSIVE, str(ar.get("note", ""))))
+    else:
+        v = beyond_architecture(pr, pp)
+        out.append(_hyp_row("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)",
+                            f"partial rho {pr:+.2f}, within-variant permutation p = {pp:.3g}; "
+                            f"nested F-test p = {ar['F_p']:.3g}", v, "two-sided within-variant permutation test at 5 %"))
+    return out
+
+
+def _hyp_no_relation(rho_t: pd.DataFrame) -> list[dict]:
+    """H3: S does not predict the lenient-format and knowledge changes (the interval contains zero)."""
+    import math
+
+    from sinklib.stats.schema import task_column
+    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, est
+
+    out = []
+    for metric in ("format lenient", "knowledge acc"):
+        e, r = _rho_est(rho_t, task_column(metric))
+        if math.isnan(e.v):
+            out.append(_hyp_row(f"H3 S does not predict the {metric} change", "no relation", "not computed",
+                                INCONCLUSIVE, r["note"]))
+        else:
+            out.append(_hyp_row(f"H3 S does not predict the {metric} change", "no relation",
+                                f"rho {est(e, 2)} (p = {r['p_value']:.3g})",
+                                REPRODUCED if e.lo <= 0 <= e.hi else NOT_REPRODUCED,
+                                "the interval contains zero (no relation found; weak evidence on a small panel)"
+                                if e.lo <= 0 <= e.hi else "the interval excludes zero: S relates to this change too"))
+    return out
+
+
+def _hyp_per_head(rows: pd.DataFrame, paper_ph: str) -> dict:
+    """H4: per-head QK-norm models lose less strict-format score than models without QK-norm (Welch interval)."""
+    from scipy import stats as sst
+
+    from sinklib.stats.schema import TINY_STRICT_TASK
+    from sinklib.stats.verdicts import INCONCLUSIVE, Est, direction, est
+
+    by = {q: rows.loc[rows["qk_norm"] == q, TINY_STRICT_TASK].dropna().to_numpy(float) for q in ("per_head", "none")}
+    if min(len(x) for x in by.values()) < 2:
+        return _hyp_row("H4 per-head QK-norm models lose less", paper_ph, "too few models", INCONCLUSIVE,
+                        "needs two models of each variant")
+    a, b = by["per_head"], by["none"]
+    ci = sst.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    e = Est(float(a.mean() - b.mean()), float(ci.low), float(ci.high))
+    return _hyp_row("H4 per-head QK-norm models lose less", paper_ph,
+                    f"per-head minus none {est(e)} pt ({len(a)} + {len(b)} models)", direction(e, +1),
+                    "Welch 95 % interval of the difference of mean strict-format changes")
+
+
+def _hyp_lopo(lopo: pd.DataFrame, paper_lopo: str) -> dict:
+    """H5: leave-one-model-out prediction from S beats the constant (within 10 % is a tie)."""
+    from sinklib.stats.schema import TINY_STRICT_TASK
+    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+
+    lo = lopo.set_index("task").loc[TINY_STRICT_TASK]
+    if not np.isfinite(lo["mae_model"]):
+        return _hyp_row("H5 S predicts held-out models better than a constant", paper_lopo, "not computed",
+                        INCONCLUSIVE, str(lo["note"]))
+    return _hyp_row("H5 S predicts held-out models better than a constant", paper_lopo,
+                    f"{lo['mae_model']:.2f} vs {lo['mae_constant']:.2f} pt (n = {int(lo['n'])})", INCONCLUSIVE
+                    if abs(lo["mae_model"] - lo["mae_constant"]) < 0.1 * lo["mae_constant"] else
+                    REPRODUCED if lo["mae_model"] < lo["mae_constant"] else NOT_REPRODUCED,
+                    "leave-one-model-out mean absolute error, no interval: within 10 % of the constant's is a tie")
+
+
+def _hyp_text_only(rows: pd.DataFrame) -> list[dict]:
+    """H6: the text-only control loses less than VL (paired t interval); no row without the control."""
+    from scipy import stats as sst
+
+    from sinklib.stats.schema import TINY_STRICT_TASK
+    from sinklib.book.reported import reported
+    from sinklib.stats.verdicts import Est, direction, est
+
+    if not ("text_only_format_strict" in rows and rows["text_only_format_strict"].notna().sum() >= 2):
+        return []
+    d = (rows[TINY_STRICT_TASK] - rows["text_only_format_strict"]).dropna().to_numpy(float)
+    ci = sst.ttest_1samp(d, 0.0).confidence_interval(0.95)
+    e = Est(float(d.mean()), float(ci.low), float(ci.high))
+    return [_hyp_row("H6 the loss is VL-specific: text-only training to the same end loses less",
+                     f"text-only IFEval change {reported('text_only_ifeval'):+.1f} pt against VL's "
+                     f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
+                     f"(mean over {len(d)} models)", direction(e, -1),
+                     "paired t 95 % interval over models of the VL change minus the text-only change "
+                     "(negative: VL loses more)")]
+
+
 def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """A verdict per hypothesis of the paper on the controlled panel, by the book's rules (`sinklib.stats.verdicts`):
     the 95 % interval decides; a statistic that could not be computed is inconclusive, with the reason.
@@ -244,81 +356,16 @@ def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFra
     H4 per-head QK-norm models lose less strict-format score than models without QK-norm (mean changes per
     variant, Welch interval); H5 leave-one-model-out prediction from S beats the constant (no interval); H6 the
     loss is specific to VL: the text-only control loses less (paired over models, t interval)."""
-    import math
-
-    from scipy import stats as sst
-
-    from sinklib.stats.schema import TINY_STRICT_TASK, task_column
     from sinklib.book.reported import reported
-    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, direction, est
 
-    out = []
     paper_rho = f"rho {reported('rho_ifeval_6'):.3f} (6 pairs, IFEval)"
     paper_lopo = f"{reported('lopo_S'):.2f} vs {reported('lopo_constant'):.2f} pt"
     paper_ph = (f"IFEval change per-head {reported('ifeval_per_head_max'):+.1f} to {reported('ifeval_per_head_min'):+.1f}, "
                 f"none {reported('ifeval_none_max'):+.1f} to {reported('ifeval_none_min'):+.1f} pt")
-
-    def add(h, paper, ours, verdict, why):
-        out.append({"hypothesis": h, "paper": paper, "this panel": ours, "verdict": verdict, "why": why})
-
-    rho_t = st["rho"]
-    e, r = _rho_est(rho_t, TINY_STRICT_TASK)
-    if math.isnan(e.v):
-        add("H1 S predicts the strict-format change", paper_rho, "not computed", INCONCLUSIVE, r["note"])
-    else:
-        add("H1 S predicts the strict-format change", paper_rho,
-            f"rho {est(e, 2)} (n = {int(r['n'])}, p = {r['p_value']:.3g})", direction(e, +1),
-            "bootstrap 95 % interval of rho")
-    ar = st["architecture"].set_index("task").loc[TINY_STRICT_TASK]
-    pr, pp = ar.get("partial_rho", float("nan")), ar.get("partial_p", float("nan"))
-    if pr is None or not np.isfinite(pr):
-        add("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)", "not computed",
-            INCONCLUSIVE, str(ar.get("note", "")))
-    else:
-        v = beyond_architecture(pr, pp)
-        add("H2 S adds to the QK-norm variant", "not tested (S co-clusters with the architecture)",
-            f"partial rho {pr:+.2f}, within-variant permutation p = {pp:.3g}; nested F-test p = {ar['F_p']:.3g}",
-            v, "two-sided within-variant permutation test at 5 %")
-    for metric in ("format lenient", "knowledge acc"):
-        e, r = _rho_est(rho_t, task_column(metric))
-        if math.isnan(e.v):
-            add(f"H3 S does not predict the {metric} change", "no relation", "not computed", INCONCLUSIVE, r["note"])
-        else:
-            add(f"H3 S does not predict the {metric} change", "no relation",
-                f"rho {est(e, 2)} (p = {r['p_value']:.3g})",
-                REPRODUCED if e.lo <= 0 <= e.hi else NOT_REPRODUCED,
-                "the interval contains zero (no relation found; weak evidence on a small panel)"
-                if e.lo <= 0 <= e.hi else "the interval excludes zero: S relates to this change too")
-    by = {q: rows.loc[rows["qk_norm"] == q, TINY_STRICT_TASK].dropna().to_numpy(float) for q in ("per_head", "none")}
-    if min(len(x) for x in by.values()) < 2:
-        add("H4 per-head QK-norm models lose less", paper_ph, "too few models", INCONCLUSIVE,
-            "needs two models of each variant")
-    else:
-        a, b = by["per_head"], by["none"]
-        ci = sst.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
-        e = Est(float(a.mean() - b.mean()), float(ci.low), float(ci.high))
-        add("H4 per-head QK-norm models lose less", paper_ph,
-            f"per-head minus none {est(e)} pt ({len(a)} + {len(b)} models)", direction(e, +1),
-            "Welch 95 % interval of the difference of mean strict-format changes")
-    lo = st["lopo"].set_index("task").loc[TINY_STRICT_TASK]
-    if not np.isfinite(lo["mae_model"]):
-        add("H5 S predicts held-out models better than a constant", paper_lopo, "not computed", INCONCLUSIVE,
-            str(lo["note"]))
-    else:
-        add("H5 S predicts held-out models better than a constant", paper_lopo,
-            f"{lo['mae_model']:.2f} vs {lo['mae_constant']:.2f} pt (n = {int(lo['n'])})", INCONCLUSIVE
-            if abs(lo["mae_model"] - lo["mae_constant"]) < 0.1 * lo["mae_constant"] else
-            REPRODUCED if lo["mae_model"] < lo["mae_constant"] else NOT_REPRODUCED,
-            "leave-one-model-out mean absolute error, no interval: within 10 % of the constant's is a tie")
-    if "text_only_format_strict" in rows and rows["text_only_format_strict"].notna().sum() >= 2:
-        d = (rows[TINY_STRICT_TASK] - rows["text_only_format_strict"]).dropna().to_numpy(float)
-        ci = sst.ttest_1samp(d, 0.0).confidence_interval(0.95)
-        e = Est(float(d.mean()), float(ci.low), float(ci.high))
-        add("H6 the loss is VL-specific: text-only training to the same end loses less",
-            f"text-only IFEval change {reported('text_only_ifeval'):+.1f} pt against VL's "
-            f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
-            f"(mean over {len(d)} models)", direction(e, -1),
-            "paired t 95 % interval over models of the VL change minus the text-only change (negative: VL loses more)")
+    out = _hyp_strict(st, paper_rho) + _hyp_no_relation(st["rho"])
+    out.append(_hyp_per_head(rows, paper_ph))
+    out.append(_hyp_lopo(st["lopo"], paper_lopo))
+    out += _hyp_text_only(rows)
     return pd.DataFrame(out)
 
 

@@ -243,6 +243,14 @@ def run_tokenizer(params: dict):
                                                    if k not in ("kind", "version", "corpus_version")})
 
 
+def _run_info(model, params: dict, n_rows: int, tokens_seen: int) -> dict:
+    """The 'info' of a finished run (stored in meta.json next to the parameters and the log)."""
+    return {"n_parameters": n_parameters(model), "n_rows": n_rows,
+            "tokens_seen": tokens_seen,
+            "epochs": round(params["steps"] * params["batch_size"] / n_rows, 3),
+            "torch_threads": torch.get_num_threads()}
+
+
 def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, **kwargs) -> TinyRun:
     """Train (or load from the cache) one tiny LM; keyword arguments as in `train_params`."""
     params = train_params(variant, **kwargs)
@@ -299,10 +307,7 @@ def train_tiny(variant: str, *, refresh: bool = False, progress: bool = False, *
         model.eval()
     log["seconds"] = round(seconds, 2)
     log["seconds_measuring"] = round(t_measure, 2)
-    info = {"n_parameters": n_parameters(model), "n_rows": len(rows),
-            "tokens_seen": seen["tokens"],
-            "epochs": round(params["steps"] * params["batch_size"] / len(rows), 3),
-            "torch_threads": torch.get_num_threads()}
+    info = _run_info(model, params, len(rows), seen["tokens"])
     save_checkpoint(path, model, meta={"params": params, "log": log, "info": info})
     return TinyRun(model, tok, params, log, key(params), path, False, info)
 

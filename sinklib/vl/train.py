@@ -189,6 +189,21 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     lr_p2 = lr_projector if lr_projector_stage2 is None else check_float("lr_projector_stage2", lr_projector_stage2,
                                                                           0.0, 1.0)
     torch.manual_seed(su.seed)
+    encoder, projector = _vl_modules(model, su, encoder, projector, encoder_kwargs)
+    params = {"kind": "vl", "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "lr_projector": lr_projector,
+              "lr_lm": lr_lm, "lr_projector_stage2": lr_p2, **su.as_params(), "encoder": dict(encoder.config)}
+    history: list[dict] = []
+    callbacks: list[dict] = []
+    budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
+    seconds = _vl_stages(model, tokenizer, su, stage1_steps, stage2_steps, lr_projector, lr_lm, lr_p2,
+                         encoder, projector, history, callbacks, budget)
+    return VLResult(model=model, projector=projector, encoder=encoder, history=history, budget=budget,
+                    params=params, seconds=seconds, kind="vl", callbacks=callbacks)
+
+
+def _vl_modules(model, su: _Setup, encoder, projector, encoder_kwargs) -> tuple[FrozenVisionEncoder, Projector]:
+    """The vision encoder (made, seeded, when not given; moved to the model's device) and the projector
+    (made when not given) of `train_vl`, checked against the settings."""
     if encoder is None:
         encoder = make_encoder(image_size=su.image_size, seed=su.seed, **dict(encoder_kwargs or {}))
     elif encoder_kwargs:
@@ -200,11 +215,14 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     encoder.to(dev)
     if projector is None:
         projector = make_projector(encoder, model, seed=su.seed)
-    params = {"kind": "vl", "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "lr_projector": lr_projector,
-              "lr_lm": lr_lm, "lr_projector_stage2": lr_p2, **su.as_params(), "encoder": dict(encoder.config)}
-    history: list[dict] = []
-    callbacks: list[dict] = []
-    budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
+    return encoder, projector
+
+
+def _vl_stages(model, tokenizer, su: _Setup, stage1_steps: int, stage2_steps: int, lr_projector: float,
+               lr_lm: float, lr_p2: float, encoder, projector, history: list, callbacks: list,
+               budget: dict) -> dict:
+    """The two stages of `train_vl` (the LM frozen in stage 1, its requires_grad flags restored after);
+    returns the seconds per stage and leaves the model and the projector in eval mode."""
     seconds = {}
     lm_params = list(model.parameters())
     req = [p.requires_grad for p in lm_params]
@@ -230,8 +248,7 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
             p.requires_grad_(r)
         model.eval()
         projector.eval()
-    return VLResult(model=model, projector=projector, encoder=encoder, history=history, budget=budget,
-                    params=params, seconds=seconds, kind="vl", callbacks=callbacks)
+    return seconds
 
 
 def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_steps"],

@@ -1,0 +1,189 @@
+"""Claims 5a, 5b, 5e and 6a to 6c: what VL adaptation does to text skills, and its controls (chapter 4); also
+chapter 4's own verdict table (`chapter4_verdicts`, `chapter4_summary`)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sinklib.claims.core import (CH4, NO_VQA, Results, Row, claim, delta, gap, not_testable, per_model,
+    strict_metrics, vqa_learned)
+from sinklib.stats.verdicts import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, compare_words, diff, direction,
+    est, mean, num)
+
+
+def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
+    """Chapter 4's elements of the paper's pattern for one model, each with its interval and in words.
+
+    doc: chapter 4's results (``{"results": {"scores": [...], "outcomes": {...}}}``; the notebook passes its
+    own tables). Changes are VL (or control) minus base in points; the strict-format mean is instructions
+    strict and math strict. Intervals are paired (per-item bootstrap, `delta`) where the doc holds per-item
+    outcomes, MOVER intervals of the stored scores otherwise."""
+    f = {c: delta(doc, model, c, "base", strict_metrics()) for c in ("vl", "text_only", "random")}
+    k = delta(doc, model, "vl", "base", ("knowledge acc",))
+    return {"model": model,
+            "VL: strict-format change (pt)": est(f["vl"]),
+            "VL: knowledge change (pt)": est(k),
+            "strict format vs knowledge under VL": compare_words(
+                gap(doc, model, ("vl", "base", strict_metrics()), ("vl", "base", ("knowledge acc",))),
+                "format fell more", "format fell less"),
+            "text-only vs VL (strict format)": compare_words(delta(doc, model, "text_only", "vl", strict_metrics()),
+                                                             "text-only lost more", "text-only lost less"),
+            "random vs VL (strict format)": compare_words(delta(doc, model, "random", "vl", strict_metrics()),
+                                                          "random lost more", "random lost less")}
+
+
+def chapter4_summary(verdict) -> str:
+    """The paper's pattern, element by element, with the models for which it holds outside the noise
+    (`verdict`: rows of `chapter4_verdicts`, plus an "S under VL" column of "fell"/"rose")."""
+    def who(col, words):
+        ms = [r["model"] for _, r in verdict.iterrows() if str(r[col]).startswith(words)]
+        return ", ".join(ms) if ms else "no model"
+
+    parts = [f"format fell more than knowledge: {who('strict format vs knowledge under VL', 'format fell more (')}",
+             f"text-only lost less than VL: {who('text-only vs VL (strict format)', 'text-only lost less (')}",
+             f"random lost more than VL: {who('random vs VL (strict format)', 'random lost more (')}"]
+    if "S under VL" in verdict:
+        parts.append(f"S fell under VL (point values, no interval): {who('S under VL', 'fell')}")
+    return "; ".join(parts)
+
+
+def models4(doc: dict) -> list[str]:
+    return list(dict.fromkeys(r["model"] for r in doc["results"]["scores"]))
+
+
+def _ch4_claim(res: Results, test: Callable[[dict, str], tuple[str, str, str]]) -> Row:
+    doc = res(CH4)
+    out = {}
+    for m in models4(doc):
+        ok, vqa = vqa_learned(doc, m)
+        o, v, w = test(doc, m)
+        out[m] = (f"{o}; {vqa}", v, w) if ok else (f"{o}; {vqa}", NOT_REPRODUCED, f"{NO_VQA} (without it: {v}, {w})")
+    return per_model(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# the claims, in the paper's order
+
+@claim("5a", "VL adaptation erodes format-sensitive text skills while knowledge (MMLU, BoolQ) stays put",
+       ("ifeval_qwen25vl", "gsm8k_cot_qwen25vl", "knowledge_bound"), CH4,
+       "Qwen2.5-VL: IFEval {ifeval_qwen25vl:+.1f}, GSM8K-CoT {gsm8k_cot_qwen25vl:+.1f}; knowledge within "
+       "±{knowledge_bound:.1f} pt")
+def format_not_knowledge(res):
+    def test(doc, m):
+        f = delta(doc, m, "vl", "base", strict_metrics())
+        k = delta(doc, m, "vl", "base", ("knowledge acc",))
+        v = NOT_REPRODUCED if k.hi < 0 or f.lo > 0 else REPRODUCED if f.hi < 0 else INCONCLUSIVE
+        why = ("knowledge lost outside noise (broad damage)" if k.hi < 0 else
+               "strict-format change excludes zero" if f.lo > 0 or f.hi < 0 else "strict-format change within noise")
+        return f"strict-format {est(f)} pt, knowledge {est(k)} pt{_seeds(doc, m, 'vl')}", v, why
+    return _ch4_claim(res, test)
+
+
+@claim("5b", "IFEval loss depends on the backbone: per-head QK-norm pairs lose less than pairs without QK-norm",
+       ("ifeval_per_head_min", "ifeval_per_head_max", "ifeval_none_min", "ifeval_none_max"), CH4,
+       "per-head {ifeval_per_head_max:+.1f} to {ifeval_per_head_min:+.1f}; none {ifeval_none_max:+.1f} to "
+       "{ifeval_none_min:+.1f} pt")
+def backbone(res):
+    doc = res(CH4)
+    qk = {r["llm"]: r["qk_norm"] for r in doc["results"]["panel_rows"]}
+    ch = {m: delta(doc, m, "vl", "base", ("instructions strict",)) for m in models4(doc)}
+    ours = tuple(f"{m} ({qk.get(m, '?')}): instructions strict {est(e)} pt" for m, e in ch.items())
+    ph, no = [m for m in ch if qk.get(m) == "per_head"], [m for m in ch if qk.get(m) == "none"]
+    if not ph or not no:
+        return Row(ours, INCONCLUSIVE, "no measured pair on one of the two backbone types")
+    d = diff(mean(*(ch[m] for m in ph)), mean(*(ch[m] for m in no)))
+    failed = [m for m in ph + no if not vqa_learned(doc, m)[0]]
+    if failed:
+        return Row(ours, NOT_REPRODUCED, f"{NO_VQA} in {', '.join(failed)} "
+                   f"({vqa_learned(doc, failed[0])[1]}); per-head minus none {est(d)} pt")
+    return Row(ours, direction(d, +1), f"per-head minus none {est(d)} pt, {len(ph)} + {len(no)} pairs")
+
+
+coding = not_testable("5e", "Coding (MBPP) improves on average after VL adaptation", ("mbpp_mean",), CH4, "{mbpp_mean:+.1f} pt",
+                      "the book has no coding suite")
+
+
+@claim("6a", "Text-only fine-tuning to the same endpoint does not cause the loss", ("text_only_ifeval",), CH4,
+       "IFEval {text_only_ifeval:+.2f} pt (VL {ifeval_qwen25vl:+.1f})")
+def text_only(res):
+    def test(doc, m):
+        t = delta(doc, m, "text_only", "base", strict_metrics())
+        tv = delta(doc, m, "text_only", "vl", strict_metrics())
+        v = NOT_REPRODUCED if t.hi < 0 or tv.hi < 0 else direction(tv, +1)
+        why = ("text-only itself lost strict format outside noise" if t.hi < 0 else
+               "text-only minus VL excludes zero" if v != INCONCLUSIVE else "text-only minus VL within noise")
+        return (f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt{_format_step(doc, m)}"
+                f"{_seeds(doc, m, 'text_only')}", v, why)
+    return _ch4_claim(res, test)
+
+
+def _seeds(doc: dict, model: str, condition: str) -> str:
+    """'; strict-format change over 3 seeds: ...' from chapter 4's seed summary, worded by `seeds.verdict_note`
+    (empty where the model has one training seed)."""
+    import pandas as pd
+
+    from sinklib.adapt.seeds import verdict_note
+
+    summ = pd.DataFrame((doc["results"].get("seeds") or {}).get("summary") or [])
+    note = verdict_note(summ, model, condition, fmt=lambda v: num(v, 1))
+    return "" if note == "one training seed" else f"; strict-format change (pt) over {note}"
+
+
+def _format_step(doc: dict, model: str) -> str:
+    """'; of which the one-word format ...' from chapter 4's decomposition (empty where it stored none)."""
+    rows = [r for r in doc["results"].get("decomposition") or [] if r["model"] == model
+            and r["metric"] == "strict-format mean"]
+    by = {r["step"]: Est(r["change"], r["lo"], r["hi"]) for r in rows}
+    if "one-word answer format" not in by or "fine-tuning as such" not in by:
+        return ""
+    return (f" (format-preserving control: fine-tuning as such {est(by['fine-tuning as such'])} pt, "
+            f"the one-word format {est(by['one-word answer format'])} pt)")
+
+
+def _random_sizes(doc: dict, model: str) -> str:
+    """'; random at up to Kx: ...' from chapter 4's random curve (empty where it stored none)."""
+    import pandas as pd
+
+    from sinklib.adapt.isolate import first_harm
+
+    curve = pd.DataFrame(doc["results"].get("random_curve") or [])
+    if curve.empty or model not in set(curve.model):
+        return ""
+    c = curve[curve.model == model]
+    if set(c.scale) <= {1.0}:  # the norm-matched control alone: the row already says it
+        return ""
+    k = first_harm(c).get(model)
+    sizes = "/".join(f"{x:g}x" for x in sorted(set(c.scale)))
+    return (f"; random at {sizes} the VL norm: strict-format below zero outside the noise "
+            + (f"from {k:g}x" if k is not None else "at no size"))
+
+
+@claim("6b", "A norm-matched random weight change hurts far more than the VL change", ("random_ifeval",), CH4,
+       "IFEval {random_ifeval:+.1f} pt (VL {ifeval_qwen25vl:+.1f})")
+def random_change(res):
+    def test(doc, m):
+        r = delta(doc, m, "random", "vl", strict_metrics())
+        v = direction(r, -1)
+        return (f"random minus VL strict-format {est(r)} pt{_random_sizes(doc, m)}{_seeds(doc, m, 'random')}", v,
+                "random minus VL excludes zero" if v != INCONCLUSIVE else "random minus VL within noise")
+    return _ch4_claim(res, test)
+
+
+@claim("6c", "S falls under VL training and holds under text-only training (3B Tulu trajectory)",
+       ("tulu_S_base_vl", "tulu_S_after_vl", "tulu_S_text_only_min", "tulu_S_text_only_max"), CH4,
+       "S {tulu_S_base_vl:.2f} → {tulu_S_after_vl:.2f} (VL); {tulu_S_text_only_min:.2f} to "
+       "{tulu_S_text_only_max:.2f} (text-only)")
+def tulu(res):
+    rob, n = res("02_sink_strength")["results"]["robustness"], res(CH4)["parameters"]["n_prompts"]
+    cells = [c for c in rob if c["N"] == n] or rob
+    srow = {r["model"]: r for r in res(CH4)["results"]["S"]}
+
+    def test(doc, m):
+        xs = [c[m] for c in cells]
+        noise = max(xs) - min(xs)
+        s = srow[m]
+        d = s["vl"] - s["base"]
+        v = INCONCLUSIVE if abs(d) <= noise else REPRODUCED if d < 0 else NOT_REPRODUCED
+        return (f"S {s['base']:.2f} → {s['vl']:.2f} (VL), {s['text_only']:.2f} (text-only)", v,
+                f"VL change {num(d, 2)} {'within' if abs(d) <= noise else 'beyond'} the spread {noise:.2f} of S over "
+                f"calibration seeds at N = {cells[0]['N']} (chapter 2; no interval stored)")
+    return _ch4_claim(res, test)

@@ -1,0 +1,210 @@
+"""The claims page's machinery: the records (`Claim`, `Row`, `Results`, `Evaluated`), the helpers the chapters'
+claims share (paired changes and their intervals, per-model rows, chapter 4's scores), and the page (`render`).
+
+A claim is a `Claim` record made with ``@claim(...)``; its function reads the chapters' results through
+``sinklib.book.runner.load_results`` and returns a `Row` (our numbers as text, the verdict, the reason). The paper's
+values come from ``sinklib.book.reported`` (``data/paper_reported_values.csv``). A chapter that has not run gives a
+"not run yet" row. The claims themselves live in one module per chapter's rows (``ch1_3``, ``ch4``, ``ch5_7``,
+``ch6``, ``ch8``); ``sinklib.claims.registry`` lists them in the page's order.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sinklib.book import runner as _book
+from sinklib.errors import ResultsMissing
+from sinklib.book.reported import reported_values
+from sinklib.core.resources import checkout_root
+from sinklib.stats.verdicts import (INTERVALS, NOT_RUN, NOT_TESTABLE, RULES, VERDICTS, Est, combine, diff, mean,
+    wilson_pct)
+
+#: the chapters' notebook stems
+CH4, CH5, CH6, CH7, CH8 = ("04_vl_adaptation", "05_panel_correlations", "06_negative_controls", "07_controlled_panel",
+                           "08_causal_tests")
+
+
+@dataclass(frozen=True)
+class Row:
+    ours: tuple[str, ...]
+    verdict: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    text: str
+    paper_keys: tuple[str, ...]
+    chapter: str                              # notebook stem, "" when no chapter tests it
+    compute: Callable[["Results"], Row]
+    paper: str = ""                           # format string over the reported values of paper_keys
+
+
+def claim(id: str, text: str, paper_keys: tuple[str, ...] = (), chapter: str = "", paper: str = ""):
+    """Make the decorated function (results -> Row) a claim row: the name now holds its `Claim` record (list it in
+    ``sinklib.claims.registry.CLAIMS`` to put it on the page)."""
+    def deco(fn) -> Claim:
+        return Claim(id, text, tuple(paper_keys), chapter, fn, paper)
+    return deco
+
+
+def not_testable(id: str, text: str, paper_keys: tuple[str, ...], chapter: str, paper: str, why: str) -> Claim:
+    return claim(id, text, paper_keys, chapter, paper)(lambda res: Row(("—",), NOT_TESTABLE, why))
+
+
+class Results:
+    """Chapter results, loaded once each; remembers which chapters a claim read (for its models and profile)."""
+
+    def __init__(self):
+        self.docs: dict[str, dict] = {}
+        self.missing = ""
+
+    def __call__(self, notebook: str) -> dict:
+        if notebook not in self.docs:
+            try:
+                self.docs[notebook] = _book.load_results(notebook)
+            except ResultsMissing:
+                self.missing = notebook
+                raise
+        return self.docs[notebook]
+
+
+# ------------------------------------------------------------------------------------------------
+# shared numbers: per-model rows, chapter scores, paired changes
+
+
+def per_model(results: dict[str, tuple[str, str, str]]) -> Row:
+    """{model: (ours, verdict, why)} -> one Row (verdicts combined by `combine`)."""
+    return Row(tuple(f"{m}: {o}. *{v}*: {w}" for m, (o, v, w) in results.items()),
+               combine(v for _, v, _ in results.values()), "")
+
+
+def strict_metrics() -> tuple[str, ...]:
+    """The strict-format metrics ('suite metric') whose mean the format claims test."""
+    from sinklib.adapt.pairs import STRICT_METRICS
+
+    return STRICT_METRICS
+
+
+def score(doc: dict, model: str, cond: str, metric: str) -> Est:
+    """Chapter 4's score of `model` under `cond` for a metric 'suite metric', with its stored interval."""
+    suite, m = metric.split(" ", 1)
+    for r in doc["results"]["scores"]:
+        if (r["model"], r["condition"], r["suite"], r["metric"]) == (model, cond, suite, m):
+            return Est(r["score"], r["lo"], r["hi"])
+    raise KeyError(f"{CH4}: no score for {model} / {cond} / {metric}")
+
+
+def outcomes_of(doc: dict, model: str, cond: str) -> dict | None:
+    """The per-item outcomes a chapter stored for (model, condition), or None when it stored none."""
+    return doc["results"].get("outcomes", {}).get(model, {}).get(cond)
+
+
+def paired_change(a_out: dict | None, b_out: dict | None, metrics) -> tuple[float, object] | None:
+    """(point, bootstrap draws) of a - b of the mean of `metrics` on the shared items, from two per-item outcome
+    records (`sinklib.evals.paired`); None when either record is missing (the caller falls back to MOVER)."""
+    from sinklib.evals import paired
+
+    return None if a_out is None or b_out is None else paired.change(b_out, a_out, list(metrics))
+
+
+def paired_delta(a_out: dict | None, b_out: dict | None, metrics) -> Est | None:
+    """`paired_change` as a point value with its interval, or None."""
+    from sinklib.evals import paired
+
+    d = paired_change(a_out, b_out, metrics)
+    return None if d is None else paired.estimate(*d)
+
+
+def _draws(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[float, object] | None:
+    return paired_change(outcomes_of(doc, model, cond), outcomes_of(doc, model, ref), metrics)
+
+
+def delta(doc: dict, model: str, cond: str, ref: str, metrics) -> Est:
+    """cond minus ref of the mean of `metrics` ('suite metric'), in points: a paired bootstrap interval over
+    the shared items when the doc holds per-item outcomes of both, else the MOVER interval of the scores."""
+    e = paired_delta(outcomes_of(doc, model, cond), outcomes_of(doc, model, ref), metrics)
+    if e is not None:
+        return e
+    return diff(mean(*(score(doc, model, cond, m) for m in metrics)), mean(*(score(doc, model, ref, m) for m in metrics)))
+
+
+def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
+    """delta(*a) minus delta(*b) (each (cond, ref, metrics)): paired draws where per-item outcomes exist (the
+    two changes' suites resampled as in `sinklib.evals.paired`), MOVER otherwise."""
+    from sinklib.evals import paired
+
+    da, db = _draws(doc, model, *a), _draws(doc, model, *b)
+    if da is not None and db is not None:
+        return paired.estimate(da[0] - db[0], da[1] - db[1])
+    return diff(delta(doc, model, *a), delta(doc, model, *b))
+
+
+def vqa_learned(doc: dict, model: str) -> tuple[bool, str]:
+    """Precondition: the VL model's VQA interval lies above the blind majority-answer baseline."""
+    r = next(r for r in doc["results"]["vqa"] if r["model"] == model)
+    e, maj = wilson_pct(r["VL model (%)"], r["n"]), r["majority baseline (%)"]
+    return e.lo > maj, f"VQA {e.v:.0f} % [{e.lo:.0f}, {e.hi:.0f}] vs majority {maj:.0f} %"
+
+
+NO_VQA = "precondition failed: the VL model did not learn the visual task"
+
+
+# ------------------------------------------------------------------------------------------------
+# evaluation and the page
+
+@dataclass
+class Evaluated:
+    claim: Claim
+    row: Row
+    models: list[str] = field(default_factory=list)
+    profile: str = ""
+
+
+def evaluate(c: Claim) -> Evaluated:
+    res = Results()
+    try:
+        row = c.compute(res)
+    except ResultsMissing:
+        nb = res.missing
+        row = Row(("—",), NOT_RUN, f"run notebooks/{nb}.ipynb (`python -m sinklib.book run --profile full --only {nb[:2]}`)")
+    provs = [d.get("provenance") or {} for d in res.docs.values()]
+    models = list(dict.fromkeys(m.get("name", "?") if isinstance(m, dict) else str(m)
+                                for p in provs for m in p.get("models", [])))
+    return Evaluated(c, row, models, ", ".join(sorted({str(p.get("profile", "?")) for p in provs})))
+
+
+def paper_text(c: Claim) -> str:
+    vals = reported_values()
+    text = c.paper.format(**{k: vals[k]["value"] for k in vals}) if c.paper else "—"
+    return re.sub(r"(?<!\w)-(?=\d)", "−", text)
+
+
+def _cell(lines) -> str:
+    return "\n\n    ".join(lines)
+
+
+def render(evaluated: list[Evaluated]) -> str:
+    tally = {v: sum(e.row.verdict == v for e in evaluated) for v in VERDICTS + (NOT_RUN,)}
+    out = ["% generated by `python -m sinklib.claims` from data/results/ and data/paper_reported_values.csv: "
+           "do not edit", "", "**Verdict rules** (one set for every row):", ""]
+    out += [f"- **{v}**: {t}." for v, t in RULES]
+    out += ["", INTERVALS, "", "Tally: " + ", ".join(f"{v} {n}" for v, n in tally.items() if n) + ".", "",
+            "```{list-table}", ":header-rows: 1", ":widths: 4 24 16 44 12", ":class: full-width", "",
+            "* - #", "  - claim (reported by the paper)", "  - paper", "  - ours, and why the verdict", "  - verdict"]
+    for e in evaluated:
+        c, r = e.claim, e.row
+        where = (f"{{doc}}`ch. {c.chapter[:2].lstrip('0')} </book/chapters/{c.chapter}>`" if c.chapter else "no chapter")
+        meta = " · ".join(x for x in (where, ", ".join(e.models), f"profile {e.profile}" if e.profile else "") if x)
+        ours = ((f"*Not measured*: {r.reason}",) if r.ours == ("—",) and r.reason else
+                r.ours + ((f"*Why*: {r.reason}",) if r.reason else ()))
+        out += [f"* - {c.id}", f"  - {_cell([c.text, meta])}", f"  - {paper_text(c)}", f"  - {_cell(ours)}",
+                f"  - **{r.verdict}**"]
+    return "\n".join(out + ["```", ""])
+
+
+def default_path() -> Path:
+    return (checkout_root() or Path.cwd()) / "book" / "_generated" / "claims_table.md"

@@ -1,0 +1,70 @@
+"""The claims page: one row per claim of the paper, its reported value, ours and a verdict, all computed.
+
+`CLAIMS` lists every claim, in the page's order; each lives in the module of the chapter whose results it reads
+(``ch1_3``, ``ch4``, ``ch5_7``, ``ch6``, ``ch8``; the machinery is in ``core``). ``python -m sinklib.claims`` writes
+``book/_generated/claims_table.md`` (``--check`` only compares); a later chapter adds its claims to its module with
+``@claim(...)`` and lists them here.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sinklib.claims import ch1_3, ch4, ch5_7, ch6, ch8
+from sinklib.claims.core import Claim, default_path, evaluate, render
+
+CLAIMS: tuple[Claim, ...] = (
+    ch1_3.sink_exists,            # 1
+    ch1_3.s_cheap,                # 2a
+    ch1_3.s_seconds_7b,           # 2b
+    ch1_3.s_stable,               # 3
+    ch1_3.theorem,                # 4a
+    ch5_7.remark,                 # 4b
+    ch4.format_not_knowledge,     # 5a
+    ch4.backbone,                 # 5b
+    ch5_7.internvl35,             # 5c
+    ch1_3.molmo2o,                # 5d
+    ch4.coding,                   # 5e
+    ch4.text_only,                # 6a
+    ch4.random_change,            # 6b
+    ch4.tulu,                     # 6c
+    ch5_7.tiny_text_only,         # 6d
+    ch5_7.predicts,               # 7a
+    ch5_7.four_tasks,             # 7b
+    ch5_7.rho_17,                 # 7c
+    ch5_7.tiny_predicts,          # 7d
+    ch5_7.tiny_beyond,            # 7e
+    ch6.injection,                # 8a
+    ch6.no_recovery,              # 8b
+    ch6.most_merges_worse,        # 8c
+    ch8.ablation_order,           # 9a
+    ch8.repair,                   # 9b
+)
+#: reported keys that back no claim row, with the reason
+CONTEXT_ONLY: dict[str, str] = {
+    "s_last_layers": "a definition choice of S (the K that chapter 2 uses by default), not a finding",
+}
+
+
+def generate() -> str:
+    return render([evaluate(c) for c in CLAIMS])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sinklib.claims", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(default_path()))
+    ap.add_argument("--check", action="store_true", help="exit 1 when the file differs from what would be written")
+    a = ap.parse_args(argv)
+    text, path = generate(), Path(a.out)
+    if a.check:
+        ok = path.exists() and path.read_text(encoding="utf-8") == text
+        print("claims table is fresh" if ok else f"{path.name} is stale: run python -m sinklib.claims")
+        return 0 if ok else 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path.name}: {len(CLAIMS)} claims")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
