@@ -143,3 +143,13 @@ def test_more_items_than_the_72_select_the_powered_suite_and_keep_old_keys():
     assert items.fingerprint({"instructions": 72, "math": 5}) == items.fingerprint(["instructions", "math"])
     assert items.fingerprint({"instructions": 300}) != items.fingerprint({"instructions": 72})
     assert evals.SUITES["instructions"]["load"] is items.load_instruction_suite
+
+
+def test_the_powered_suite_detects_a_seven_point_fall():
+    """The issue's target: a 7-point fall of strict instruction following detected with 80 % power by the paired
+    McNemar test at the book's background churn (flip 0.05), which the 72 items miss by far."""
+    from sinklib.evals.power import min_detectable_drop
+
+    for p_base in (0.26, 0.39):  # the two base models' strict rates on the 72 items (chapter 4)
+        assert min_detectable_drop(powered.POWERED_N, p_base, flip=0.05) <= 7.0
+        assert min_detectable_drop(72, p_base, flip=0.05) > 7.0
