@@ -50,14 +50,15 @@ TASKS: tuple[tuple[str, str], ...] = (
     ("Write a short guide to planning a picnic.", "picnic"), ("Explain why exercise is good for the heart.", "heart"),
 )
 
-#: yes/no questions for detectable_format:constrained_response
+#: yes/no questions for detectable_format:constrained_response (none opens with "Is": chapter 4's training data
+#: answers "Is there ...?" with a bare yes/no, a collision `sinklib.evals.collide` reports)
 QUESTIONS: tuple[str, ...] = (
-    "Is water wet?", "Can penguins fly?", "Is it healthy to drink water every day?", "Is the moon bigger than the earth?",
-    "Should children learn to swim?", "Is chess a sport?", "Do plants need sunlight to grow?", "Is winter colder than summer?",
-    "Can a computer feel happy?", "Is reading before bed a good habit?", "Are tomatoes a fruit?", "Is it rude to be late?",
-    "Do fish sleep?", "Is music good for studying?", "Should cities have more bicycle lanes?", "Is honey sweet?",
-    "Can cats see in the dark?", "Is it safe to swim during a thunderstorm?", "Are books better than films?",
-    "Is the ocean salty?",
+    "Does water boil at 100 degrees Celsius at sea level?", "Can penguins fly?", "Should people drink water every day?", "Does the moon orbit the earth?",
+    "Should children learn to swim?", "Should chess count as a sport?", "Do plants need sunlight to grow?", "Do most people prefer summer to winter?",
+    "Can a computer feel happy?", "Does reading before bed help people sleep?", "Are tomatoes a fruit?", "Should people apologise for being late?",
+    "Do fish sleep?", "Does music help people study?", "Should cities have more bicycle lanes?", "Do bees make honey?",
+    "Can cats see in the dark?", "Should people swim during a thunderstorm?", "Are books better than films?",
+    "Can people drink sea water safely?",
 )
 
 _END_PHRASES = ("Have a nice day.", "That is all.", "Thank you for reading.", "Is there anything else I can help with?",
