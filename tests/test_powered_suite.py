@@ -155,7 +155,7 @@ def test_the_powered_suite_detects_a_seven_point_fall():
         assert min_detectable_drop(72, p_base, flip=0.05) > 7.0
 
 
-def test_the_powered_suite_is_powered_at_the_churn_chapter_4_measured():
+def test_the_powered_suite_is_powered_at_the_churn_chapter_4_measured(monkeypatch):
     """Background churn measured, not assumed: the share of the 72 items that VL turned from fail to pass (chapter
     4's saved outcomes, every model and seed) is the flip rate; at their mean the powered suite still detects a
     7-point fall with 80 % power."""
@@ -164,7 +164,11 @@ def test_the_powered_suite_is_powered_at_the_churn_chapter_4_measured():
     from sinklib.evals.paired import unpack
     from sinklib.evals.power import min_detectable_drop
     from sinklib.book import load_results
+    from sinklib.core.resources import checkout_root
 
+    if checkout_root() is None:
+        pytest.skip("reads the committed results of chapter 4 (a checkout of sinkbook)")
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(checkout_root() / "data" / "results"))  # not the tests' tmp folder
     outcomes = load_results("04_vl_adaptation", "outcomes")
     gained, rates = [], []
     for conds in outcomes.values():
