@@ -68,7 +68,10 @@ def _ch4_claim(res: Results, test: Callable[[dict, str], tuple[str, Verdict]]) -
 def _pooled(doc: dict, m: str, cond: str, ref: str, metrics) -> tuple[Est, str]:
     """`pooled` and its label: '(3 seeds pooled)' or '(seed 0)'."""
     e, k = pooled(doc, m, cond, ref, metrics)
-    return e, f"({k} seeds pooled)" if k > 1 else "(one training seed)"
+    p = doc.get("parameters") or {}
+    items = (f", chapter 4's {p['eval_instructions']} + {p['eval_math']}-item strict suites"
+             if "eval_instructions" in p and "eval_math" in p else "")
+    return e, f"({k} seeds pooled{items})" if k > 1 else f"(one training seed{items})"
 
 
 # ------------------------------------------------------------------------------------------------

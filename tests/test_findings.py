@@ -1,0 +1,56 @@
+"""The bottom line and the other findings (#31): generated from data/results/, included by the landing page and
+the claims page, stale files caught, and each sentence follows the data it reads (not typed)."""
+from pathlib import Path
+
+from sinklib import claims
+from sinklib.book import runner as book
+from sinklib.claims import findings
+from sinklib.claims.core import Results
+from sinklib.errors import ResultsMissing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fake(monkeypatch, docs):
+    def load(notebook, key=None):
+        if notebook not in docs:
+            raise ResultsMissing(notebook)
+        return docs[notebook]
+    monkeypatch.setattr(book, "load_results", load)
+
+
+def test_pages_include_the_generated_bottom_line():
+    intro = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
+    page = (ROOT / "book" / "claims.md").read_text(encoding="utf-8")
+    assert "```{include} _generated/bottom_line.md" in intro and "{doc}`course_guide`" in intro
+    assert "```{include} _generated/bottom_line.md" in page and "```{include} _generated/other_findings.md" in page
+    assert page.index("bottom_line.md") < page.index("claims_table.md")   # the bottom line opens the page
+
+
+def test_check_fails_while_the_bottom_line_is_stale(monkeypatch, tmp_path):
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(ROOT / "data" / "results"))
+    out = tmp_path / "claims_table.md"
+    assert claims.main(["--out", str(out)]) == 0
+    assert claims.main(["--check", "--out", str(out)]) == 0
+    (tmp_path / "bottom_line.md").write_text("an old bottom line\n", encoding="utf-8")
+    assert claims.main(["--check", "--out", str(out)]) == 1
+    text = (ROOT / "book" / "_generated" / "bottom_line.md").read_text(encoding="utf-8")
+    assert "public review" in text and 5 <= len([x for x in text.splitlines() if x and not x.startswith("%")]) <= 9
+
+
+def _ch8(knowledge, fmt):
+    rows = [{"model": "m", "first token": "none", "metric": k, "change": c, "lo": c - 5, "hi": c + 5}
+            for k, c in (("knowledge acc", knowledge), ("instructions strict", fmt), ("math strict", fmt))]
+    return {"results": {"first_token": rows}}
+
+
+def test_bos_sentence_follows_the_data(monkeypatch):
+    _fake(monkeypatch, {"08_causal_tests": _ch8(-20.0, 0.0)})
+    s = findings.bos_ablation(Results())
+    assert "−20.0 [−25.0, −15.0]" in s and "costs knowledge, not format" in s
+    _fake(monkeypatch, {"08_causal_tests": _ch8(-20.0, -20.0)})
+    assert "costs knowledge, not format" not in findings.bos_ablation(Results())
+    _fake(monkeypatch, {"08_causal_tests": _ch8(0.0, 0.0)})
+    assert findings.bos_ablation(Results()).startswith("Removing the first (BOS) token moved no score")
+    _fake(monkeypatch, {})
+    assert findings.other_findings() == ""          # no chapter run: no sentence invented
