@@ -54,3 +54,17 @@ def test_bos_sentence_follows_the_data(monkeypatch):
     assert findings.bos_ablation(Results()).startswith("Removing the first (BOS) token moved no score")
     _fake(monkeypatch, {})
     assert findings.other_findings() == ""          # no chapter run: no sentence invented
+
+
+def test_rows_reporting_the_same_change_name_their_suites(monkeypatch):
+    """One quantity, several numbers (#31): the VL strict-format change of a model appears in rows 5a/5b
+    (chapter 4's suites), 8b (chapter 6's) and 9b (chapter 8's) on different items; each row names its suites and
+    their sizes, and row 2a names both probe variants of chapter 2's timing."""
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(ROOT / "data" / "results"))
+    by = {c.id: c for c in claims.CLAIMS}
+    for cid, chapter in (("5a", "chapter 4's"), ("5b", "chapter 4's"), ("8b", "chapter 6's"), ("9b", "chapter 8's"),
+                         ("8a", "chapter 6's")):
+        text = " ".join(claims.evaluate(by[cid]).row.ours)
+        assert f"{chapter} " in text and "-item strict suites" in text, (cid, text[:200])
+    a = " ".join(claims.evaluate(by["2a"]).row.ours)
+    assert "fused" in a and "chunked" in a
