@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from sinklib import evals
 from sinklib.claims.core import (CH4, CH6, NO_VQA, Results, Row, claim, outcomes_of, paired_delta, per_model,
-    strict_metrics)
+    power_note, strict_metrics)
 from sinklib.stats.verdicts import Est, Verdict, decide, diff, est, mean, wilson_pct
 
 INJECT_TOP1_MIN = 0.9   # a fair injection starts as the same function: top-1 agreement with the original
@@ -84,7 +84,9 @@ def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]],
         if not e.lo > maj:
             v = decide(None, not_tested=f"{NO_VQA} (VQA {e.v:.0f} % [{e.lo:.0f}, {e.hi:.0f}] vs majority {maj:.0f} %; "
                                         f"the test alone: {v.outcome})")
-        out[m] = (f"{o} (chapter 6's {n['instructions']} + {n['math']}-item strict suites)", v.outcome, v.why)
+        base = next(r for r in rows if r["model"] == m and r["condition"] == "base")
+        pw = power_note({k: (n[k.split()[0]], base[k]) for k in strict_metrics()})
+        out[m] = (f"{o} (chapter 6's {n['instructions']} + {n['math']}-item strict suites; {pw})", v.outcome, v.why)
     return per_model(out)
 
 

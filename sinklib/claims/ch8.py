@@ -1,7 +1,7 @@
 """Claims 9a and 9b: the causal tests of the mechanism, ablation order and repair (chapter 8)."""
 from __future__ import annotations
 
-from sinklib.claims.core import CH8, claim, per_model, strict_metrics
+from sinklib.claims.core import CH8, claim, per_model, power_note, strict_metrics
 from sinklib.stats.verdicts import Est, decide, est
 
 
@@ -62,7 +62,10 @@ def repair(res):
                          for mt in strict_metrics() for r in [by.get(("sink heads", mt))] if r)
         moves = "; ".join(f"{c} {mt} {est(Est(r['change'], r['lo'], r['hi']))}"
                           for (c, mt), r in by.items() if mt in lost)
-        ours = f"{loss} ({suites}); restored ({f0:.0%} of heads): {moves}" if moves else f"{loss} ({suites})"
+        pw = power_note({mt: (int(p[k]), r["base"]) for mt in strict_metrics() for r in [by.get(("sink heads", mt))]
+                         for k in [f"eval_{mt.split()[0]}"] if r and k in p})
+        ours = f"{loss} ({suites}{'; ' + pw if pw.endswith(')') else ''})" + (
+            f"; restored ({f0:.0%} of heads): {moves}" if moves else "")
         worse = o["down"]["sink heads"]
         good = back["sink heads"] and not (back["random heads"] or back["other rows"])
         bad = worse or not back["sink heads"] and (back["random heads"] or back["other rows"])

@@ -173,6 +173,17 @@ def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
     return diff(delta(doc, model, *a), delta(doc, model, *b))
 
 
+def power_note(suites: dict[str, tuple[int, float]]) -> str:
+    """'smallest fall these suites detect ...' for {metric: (items, base pass rate in %)}, computed with
+    `sinklib.evals.power` (paired McNemar, 80 % power, 5 % level, 5 % background flips: chapter 4's power table)."""
+    from sinklib.evals.power import power_table
+
+    t = power_table({k: (n, p / 100) for k, (n, p) in suites.items()}, flips=(0.05,))
+    parts = [f"{r['suite']} {r['paired, flip 0.05']:.0f} points ({r['items']} items)" if r["paired, flip 0.05"] ==
+             r["paired, flip 0.05"] else f"{r['suite']}: no fall of any size ({r['items']} items)" for _, r in t.iterrows()]
+    return "smallest fall these suites detect (80 % power): " + ", ".join(parts)
+
+
 def vqa_learned(doc: dict, model: str) -> tuple[bool, str]:
     """Precondition: the VL model's VQA interval lies above the blind majority-answer baseline."""
     r = next(r for r in doc["results"]["vqa"] if r["model"] == model)
