@@ -217,7 +217,7 @@ def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = 
 
 
 def main(argv: list[str]) -> int:
-    html = Path(argv[0]) if argv else ROOT / "_build" / "html"
+    html = (Path(argv[0]) if argv else ROOT / "_build" / "html").resolve()
     t0 = time.perf_counter()
     reports = check_book(html)
     for r in reports:
