@@ -80,6 +80,7 @@ async () => {
 LEFTOVERS = (
     (re.compile(r"<[\w.]+(?: [\w.]+)*? (?:object )?at 0x[0-9a-fA-F]+>"), "object repr"),
     (re.compile(r"\bnp\.(?:float|int|uint|bool|str|complex)_?\d*\("), "raw numpy repr"),
+    (re.compile(r"'(?:data/results|sinkbook_results|\$SINKBOOK_RESULTS)/[\w.-]+\.json'"), "results path echoed by a cell"),
 )
 #: a word written twice in prose ("Lemma Lemma 1", "exercise Exercise 20"); case-insensitive, 3+ letters
 DOUBLED = re.compile(r"\b([A-Za-z]{3,}) \1\b", re.IGNORECASE)

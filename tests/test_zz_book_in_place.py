@@ -73,6 +73,8 @@ def test_text_checks_find_leftovers_and_doubled_words():
         "gen = <torch._C.Generator object at 0x7f3a2c> and [np.float64(1.0)]", "see Lemma Lemma 1 and exercise Exercise 20")
     assert any(p.startswith("object repr") for p in found) and any(p.startswith("raw numpy repr") for p in found)
     assert "doubled word: 'Lemma Lemma'" in found and "doubled word: 'exercise Exercise'" in found
+    assert browser_check.text_problems("'data/results/01_sink_definition.json'", "") == [
+        "results path echoed by a cell left in the page: 'data/results/01_sink_definition.json'"]
     assert browser_check.text_problems("np.mean(x) at 0 x", "none\tnone, a a, the theory") == []
 
 
