@@ -84,3 +84,19 @@ def test_committed_results_come_from_committed_code():
              if str((json.loads(p.read_text()).get("provenance") or {}).get("git_commit", "")).endswith("+dirty")}
     assert dirty <= DIRTY_BEFORE_31, f"results from uncommitted code: {sorted(dirty - DIRTY_BEFORE_31)}"
     assert DIRTY_BEFORE_31 <= dirty, f"rerun from committed code: remove {sorted(DIRTY_BEFORE_31 - dirty)} here"
+
+
+def test_every_chapter_ends_with_what_it_found(monkeypatch):
+    """Each chapter's summary opens with "What we found", generated from the claim rows it tests (fresh with the
+    claims page), and each generated passage lists exactly that chapter's rows."""
+    import json
+
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(ROOT / "data" / "results"))
+    rows = [claims.evaluate(c) for c in claims.CLAIMS]
+    for nb in sorted((ROOT / "notebooks").glob("0[1-9]_*.ipynb")):
+        md = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+        assert f"```{{include}} ../_generated/found/{nb.stem}.md" in md, nb.name
+        assert md.index("## What we found") < md.index("## Summary"), nb.name
+        text = findings.chapter_found(nb.stem, rows)
+        ids = [c.id for c in claims.CLAIMS if c.chapter == nb.stem]
+        assert [t.split(",")[0] for t in text.split("**Row ")[1:]] == ids, nb.name

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         stale = [p.name for p, t in files.items() if not (p.exists() and p.read_text(encoding="utf-8") == t)]
         print("claims page is fresh" if not stale else f"{', '.join(stale)} stale: run python -m sinklib.claims")
         return 1 if stale else 0
-    path.parent.mkdir(parents=True, exist_ok=True)
     for p, t in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(t, encoding="utf-8")
     print(f"wrote {', '.join(p.name for p in files)}: {len(CLAIMS)} claims")
     return 0
