@@ -100,3 +100,23 @@ def test_every_chapter_ends_with_what_it_found(monkeypatch):
         text = findings.chapter_found(nb.stem, rows)
         ids = [c.id for c in claims.CLAIMS if c.chapter == nb.stem]
         assert [t.split(",")[0] for t in text.split("**Row ")[1:]] == ids, nb.name
+
+
+def test_chapter4_verdicts_pool_the_training_seeds():
+    """Seed 0 loses 6 of 30 strict items, seed 1 none: the pooled change is their mean (-10 points), and its
+    interval, which resamples the seeds too, is wider than seed 0's alone."""
+    from sinklib.claims import chapter4_verdicts, delta, pooled
+    from sinklib.evals.paired import pack
+
+    base = [True] * 15 + [False] * 15
+    lost6 = [False] * 6 + [True] * 9 + [False] * 15
+    know = [True] * 20 + [False] * 10
+
+    def out(f):
+        return pack({"instructions strict": f, "math strict": f, "knowledge acc": know})
+    conds = {"base": base, "vl": lost6, "vl seed 1": base, "text_only": base, "random": lost6}
+    doc = {"results": {"scores": [], "outcomes": {"m": {c: out(f) for c, f in conds.items()}}}}
+    e, k = pooled(doc, "m", "vl", "base", ("instructions strict", "math strict"))
+    one = delta(doc, "m", "vl", "base", ("instructions strict", "math strict"))
+    assert k == 2 and abs(e.v + 10) < 1e-9 and abs(one.v + 20) < 1e-9 and e.hi - e.lo > one.hi - one.lo
+    assert chapter4_verdicts(doc, "m")["VL: strict-format change (pt)"].startswith("−10.0 [")

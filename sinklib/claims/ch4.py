@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinklib.claims.core import (CH4, NO_VQA, Results, Row, claim, delta, gap, not_testable, per_model, pooled,
+from sinklib.claims.core import (CH4, NO_VQA, Results, Row, claim, not_testable, per_model, pooled, pooled_gap,
     strict_metrics, vqa_learned)
 from sinklib.stats.verdicts import (CONTRADICTED, INCONCLUSIVE, Est, Verdict, compare_words, decide, diff, est,
     mean, num, t_interval)
@@ -15,19 +15,20 @@ def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
 
     doc: chapter 4's results (``{"results": {"scores": [...], "outcomes": {...}}}``; the notebook passes its
     own tables). Changes are VL (or control) minus base in points; the strict-format mean is instructions
-    strict and math strict. Intervals are paired (per-item bootstrap, `delta`) where the doc holds per-item
-    outcomes, MOVER intervals of the stored scores otherwise."""
-    f = {c: delta(doc, model, c, "base", strict_metrics()) for c in ("vl", "text_only", "random")}
-    k = delta(doc, model, "vl", "base", ("knowledge acc",))
+    strict and math strict. Intervals are paired (per-item bootstrap) and pooled over the training seeds
+    (`pooled`: items and seeds resampled) where the doc holds per-item outcomes, MOVER intervals of the stored
+    scores otherwise."""
+    f = pooled(doc, model, "vl", "base", strict_metrics())[0]
+    k = pooled(doc, model, "vl", "base", ("knowledge acc",))[0]
     return {"model": model,
-            "VL: strict-format change (pt)": est(f["vl"]),
+            "VL: strict-format change (pt)": est(f),
             "VL: knowledge change (pt)": est(k),
             "strict format vs knowledge under VL": compare_words(
-                gap(doc, model, ("vl", "base", strict_metrics()), ("vl", "base", ("knowledge acc",))),
+                pooled_gap(doc, model, "vl", "base", strict_metrics(), ("knowledge acc",)),
                 "format fared worse than knowledge", "format fared better than knowledge"),
-            "text-only vs VL (strict format)": compare_words(delta(doc, model, "text_only", "vl", strict_metrics()),
+            "text-only vs VL (strict format)": compare_words(pooled(doc, model, "text_only", "vl", strict_metrics())[0],
                                                              "text-only lost more", "text-only lost less"),
-            "random vs VL (strict format)": compare_words(delta(doc, model, "random", "vl", strict_metrics()),
+            "random vs VL (strict format)": compare_words(pooled(doc, model, "random", "vl", strict_metrics())[0],
                                                           "random lost more", "random lost less")}
 
 

@@ -140,26 +140,46 @@ def seed_conditions(doc: dict, model: str, cond: str) -> list[str]:
     return [c for c in outs if c == cond or c.startswith(f"{cond} seed ")]
 
 
-def pooled(doc: dict, model: str, cond: str, ref: str, metrics, n_boot_seed: int = 0) -> tuple[Est, int]:
-    """(cond minus ref of the mean of `metrics`, pooled over the training seeds, and the number of seeds). Each
-    seed's change is paired on the shared items (a seed of `ref` pairs with the same seed of `cond`; 'base' is
-    one model); the pooled point is their mean, and its interval resamples the items (the same indices for every
-    seed, `sinklib.evals.paired`) and the seeds (with replacement), so it holds the seed spread too. Without
-    per-item outcomes: `delta` (seed 0, MOVER)."""
+def _seed_draws(doc: dict, model: str, cond: str, ref: str, metrics):
+    """(points [seeds], bootstrap draws [seeds, n_boot]) of cond minus ref per training seed, each paired on its
+    items (a seed of `ref` pairs with the same seed of `cond`; 'base' is one model); None without outcomes."""
+    import numpy as np
+
+    conds = seed_conditions(doc, model, cond)
+    if not conds or outcomes_of(doc, model, ref) is None:
+        return None
+    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
+    got = [paired_change(outcomes_of(doc, model, c), outcomes_of(doc, model, r), metrics)
+           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
+    return np.asarray([g[0] for g in got]), np.asarray([g[1] for g in got])
+
+
+def _pool(pts, draws, n_boot_seed: int = 0) -> Est:
+    """The mean over seeds, its interval resampling the items (the draws' shared indices) and the seeds."""
     import numpy as np
 
     from sinklib.evals import paired
 
-    conds = seed_conditions(doc, model, cond)
-    if not conds or outcomes_of(doc, model, ref) is None:
-        return delta(doc, model, cond, ref, metrics), 1
-    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
-    pts, draws = zip(*(paired_change(outcomes_of(doc, model, c), outcomes_of(doc, model, r), metrics)
-                       for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None))
-    d = np.asarray(draws)                                            # [seeds, n_boot]
-    pick = np.random.default_rng(n_boot_seed).integers(0, len(d), size=(d.shape[1], len(d)))
-    pooled_draws = d[pick, np.arange(d.shape[1])[:, None]].mean(1)   # [n_boot]
-    return paired.estimate(float(np.mean(pts)), pooled_draws), len(pts)
+    pick = np.random.default_rng(n_boot_seed).integers(0, len(draws), size=(draws.shape[1], len(draws)))
+    return paired.estimate(float(np.mean(pts)), draws[pick, np.arange(draws.shape[1])[:, None]].mean(1))
+
+
+def pooled(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[Est, int]:
+    """(cond minus ref of the mean of `metrics`, pooled over the training seeds, and the number of seeds). Each
+    seed's change is paired on the shared items; the pooled point is their mean, and its interval resamples the
+    items (the same indices for every seed, `sinklib.evals.paired`) and the seeds (with replacement), so it holds
+    the seed spread too. Without per-item outcomes: `delta` (seed 0, MOVER)."""
+    sd = _seed_draws(doc, model, cond, ref, metrics)
+    return (delta(doc, model, cond, ref, metrics), 1) if sd is None else (_pool(*sd), len(sd[0]))
+
+
+def pooled_gap(doc: dict, model: str, cond: str, ref: str, metrics_a, metrics_b) -> Est:
+    """The change of `metrics_a` minus the change of `metrics_b` (same conditions), pooled over training seeds as
+    in `pooled`; `gap` (seed 0) without per-item outcomes."""
+    a, b = _seed_draws(doc, model, cond, ref, metrics_a), _seed_draws(doc, model, cond, ref, metrics_b)
+    if a is None or b is None:
+        return gap(doc, model, (cond, ref, metrics_a), (cond, ref, metrics_b))
+    return _pool(a[0] - b[0], a[1] - b[1])
 
 
 def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
