@@ -41,13 +41,15 @@ def injection(res):
                  f"pt; the recovery fine-tune alone (original + recovery minus original) "
                  f"{est(d('original + recovery', 'original'))} pt",)
     ours += (f"top-1 agreement at initialisation {top1:.2f}; perplexity {ppl} ({' → '.join(sc)})",)
-    broken = (f"the injection breaks the model at initialisation (top-1 agreement {top1:.2f} < {INJECT_TOP1_MIN}), "
+    broken = (f"precondition failed: the injection breaks the model at initialisation (top-1 agreement {top1:.2f} < "
+              f"{INJECT_TOP1_MIN}), "
               "so a drop measures a broken start, not the norm" if top1 < INJECT_TOP1_MIN else "")
     no_control = final != "injected" and not ctl
     v = decide(d(final, "original + recovery") if ctl else d(final, "original"), -1,
                quantity="the strict-format change against its control",
-               not_tested="; ".join(x for x in (broken, "the recovery fine-tune has no control (the original model "
-                                                "fine-tuned the same way)" if no_control else "") if x))
+               not_tested="; ".join(x for x in (broken, "precondition failed: the recovery fine-tune has no control "
+                                                "(the original model fine-tuned the same way)" if no_control else "")
+                                    if x))
     return Row(ours, *v)
 
 

@@ -47,8 +47,8 @@ def vl_format(res: Results) -> str:
     parts = [f"{m} {est(fs[m])} points (knowledge {est(ks[m])})" for m in fs]
     lost = [m for m, e in fs.items() if e.hi < 0]
     head = (f"Our miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
-            if lost else "Our miniature vision-language adaptation cost no detectable strict-format skill in the "
-            f"{len(fs)} real models")
+            if lost else "Our miniature vision-language adaptation cost no detectable strict-format skill in "
+            f"{'both' if len(fs) == 2 else f'the {len(fs)}'} real models")
     return (f"{head}: the strict-format change, pooled over the training seeds, is {' and '.join(parts)}; "
             f"{_side(list(fs.values()))}.")
 
@@ -145,7 +145,7 @@ def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
     v = {e.claim.id: e.row.verdict for e in evaluated}
     named = (("5a", "VL adaptation erodes format but not knowledge"), ("6a", "text-only training is harmless"),
              ("6c", "S falls under VL"), ("7a", "S predicts the loss across pairs"))
-    parts = [f"{what} (row {i}): {v[i]}" for i, what in named if i in v]
+    parts = [f"{what} (row {i}): **{v[i]}**" for i, what in named if i in v]
     return "What this means for the paper, claim by claim: " + "; ".join(parts) + "."
 
 
@@ -161,7 +161,7 @@ def bottom_line(evaluated: list[Evaluated]) -> str:
     sentences = [_safe(fn, res) for fn in (vl_format, text_only, s_trajectory, bos_ablation)]
     sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}.", _untested(evaluated),
                   _verdicts_sentence(evaluated)]
-    return "\n".join(s for s in sentences if s)
+    return "\n\n".join(s for s in sentences if s)
 
 
 def other_findings() -> str:
