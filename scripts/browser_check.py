@@ -5,7 +5,10 @@
 Per page of the table of contents, at 1280 px wide: it loads without console errors of ours (messages about
 remote http(s) resources are ignored: the book is read offline); every internal link and image resolves;
 every figure in a chapter's output is followed by a caption ("Figure N.k."); math is rendered by MathJax (no
-raw TeX delimiters left); no table or display equation is wider than the content column. A screenshot of
+raw TeX delimiters left); no table or display equation is wider than the content column; no struck-through or
+unclosed markup (an `<s>`, `<del>` or `<strike>` element, or text drawn with line-through, in the article or its
+contents sidebar); no leftover object repr (``<... at 0x...>``) or raw numpy repr (``np.float64(``) in the text;
+no word written twice in the prose ("Lemma Lemma"). A screenshot of
 every page (1280 px and a 390 px phone width) goes to ``_build/screenshots/``; at the phone width the page
 itself must not scroll sideways. Chromium is Debian's package
 (``/usr/bin/chromium``), driven by Playwright without downloading a browser.
@@ -54,11 +57,42 @@ async () => {
   for (const f of col.querySelectorAll('figure')) {
     if (!f.querySelector('figcaption')) uncaptioned.push('figure without figcaption');
   }
+  // markup a reader should never see: struck-through text (an unclosed <s> swallows the rest of the page)
+  const struck = [...document.querySelectorAll('s, del, strike')].map(e => e.tagName.toLowerCase() + ': ' +
+                   e.innerText.slice(0, 40).replace(/\s+/g, ' '));
+  for (const e of document.querySelectorAll('article *, .bd-sidebar-secondary *')) {
+    if (getComputedStyle(e).textDecorationLine.includes('line-through') && !e.closest('s, del, strike')) {
+      struck.push('line-through: ' + e.innerText.slice(0, 40).replace(/\s+/g, ' ')); break;
+    }
+  }
+  // prose only (not code or outputs): where doubled words are typos
+  const prose = [...col.querySelectorAll('p, li, h1, h2, h3, h4, figcaption, dt, dd, th, caption')]
+    .filter(e => !e.closest('pre, code, .cell_output, .output')).map(e => e.innerText).join('\n');
   const badImages = [...document.images].filter(im => !(im.complete && im.naturalWidth > 0)).map(im => im.src);
   const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
-  return {colW, wide, rawMath, uncaptioned, badImages, links, mathCount: col.querySelectorAll('mjx-container').length};
+  return {colW, wide, rawMath, uncaptioned, badImages, links, struck, text, prose,
+          mathCount: col.querySelectorAll('mjx-container').length};
 }
 """
+
+
+#: leftovers of code that a reader should not see in a page's text (outputs included)
+LEFTOVERS = (
+    (re.compile(r"<[\w.]+(?: [\w.]+)*? (?:object )?at 0x[0-9a-fA-F]+>"), "object repr"),
+    (re.compile(r"\bnp\.(?:float|int|uint|bool|str|complex)_?\d*\("), "raw numpy repr"),
+    (re.compile(r"'(?:data/results|sinkbook_results|\$SINKBOOK_RESULTS)/[\w.-]+\.json'"), "results path echoed by a cell"),
+)
+#: a word written twice in prose ("Lemma Lemma 1", "exercise Exercise 20"); case-insensitive, 3+ letters
+DOUBLED = re.compile(r"\b([A-Za-z]{3,}) \1\b", re.IGNORECASE)
+
+
+def text_problems(text: str, prose: str) -> list[str]:
+    """Problems visible in a page's text: object and numpy reprs anywhere, doubled words in the prose."""
+    out = []
+    for pat, what in LEFTOVERS:
+        out += [f"{what} left in the page: {m.group(0)[:60]}" for m in pat.finditer(text)]
+    out += [f"doubled word: {m.group(0)!r}" for m in DOUBLED.finditer(prose)]
+    return sorted(set(out))
 
 
 @dataclass
@@ -165,6 +199,8 @@ def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = 
             rep.problems += [f"figure without caption: {u}" for u in res["uncaptioned"]]
             rep.problems += [f"image does not load: {b}" for b in res["badImages"]]
             rep.problems += sorted({p for h in res["links"] if (p := _link_problem(f, h))})
+            rep.problems += [f"struck-through or unclosed markup: {x}" for x in res["struck"]]
+            rep.problems += text_problems(res["text"], res["prose"])
             rep.math, rep.links = res["mathCount"], len(res["links"])
             safe = name.replace("/", "__")
             page.screenshot(path=str(shots / f"{safe}.png"), full_page=True)
@@ -182,7 +218,7 @@ def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = 
 
 
 def main(argv: list[str]) -> int:
-    html = Path(argv[0]) if argv else ROOT / "_build" / "html"
+    html = (Path(argv[0]) if argv else ROOT / "_build" / "html").resolve()
     t0 = time.perf_counter()
     reports = check_book(html)
     for r in reports:

@@ -63,3 +63,55 @@ def test_wheel_runs_a_chapter_outside_the_repository(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == sorted([f"{CHAPTER}.ipynb", "out.ipynb", "params.json",
                                                              "sinkbook_results"])
     print(f"colab-like run: {time.perf_counter() - t0:.0f} s, wheel {whl.stat().st_size / 1024:.0f} KiB")
+
+
+def test_results_travel_between_colab_machines_through_one_folder(monkeypatch, tmp_path):
+    """#31: on Colab each notebook runs on its own machine (an installed wheel, no checkout, its own working
+    directory). With SINKBOOK_RESULTS naming one folder (a mounted Drive), chapter 4's results written on one
+    machine are read on another; without it, the second machine does not see them and says which chapter to run."""
+    import sinklib.book.results as R
+    import sinklib.core.resources as res
+    from sinklib.book import load_results, save_results
+    from sinklib.errors import ResultsMissing
+
+    monkeypatch.setattr(res, "checkout_root", lambda: None)   # as from an installed wheel
+    monkeypatch.setattr(R, "checkout_root", lambda: None)
+    drive, a, b = tmp_path / "drive" / "sinkbook_results", tmp_path / "machine_a", tmp_path / "machine_b"
+    a.mkdir(), b.mkdir()
+    monkeypatch.delenv("SINKBOOK_RESULTS", raising=False)
+    monkeypatch.chdir(b)
+    with pytest.raises(ResultsMissing, match="04_vl_adaptation"):
+        load_results("04_vl_adaptation")
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(drive))
+    monkeypatch.chdir(a)
+    save_results("04_vl_adaptation", {"answer": 42}, params={"profile": "colab"})
+    monkeypatch.chdir(b)
+    assert load_results("04_vl_adaptation")["results"]["answer"] == 42
+    assert sorted(p.name for p in drive.iterdir()) == ["04_vl_adaptation.json"] and not list(a.iterdir())
+    monkeypatch.delenv("SINKBOOK_RESULTS")
+    with pytest.raises(ResultsMissing):       # machine B's own folder never held them
+        load_results("04_vl_adaptation")
+
+
+def test_every_chapter_says_what_to_do_on_colab():
+    """Above the first code cell each chapter says what to do while the repository address is a placeholder,
+    how to pick the quick or colab values in one line, and how to share results between machines."""
+    for nb in sorted((ROOT / "notebooks").glob("0[1-9]_*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        first_code = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+        above = "".join("".join(c["source"]) for c in cells[:first_code] if c["cell_type"] == "markdown")
+        assert "placeholder" in above and "set-repo" in above, nb.name
+        assert f'load_profile("{nb.stem}", "quick")' in above, nb.name
+        assert "SINKBOOK_RESULTS" in above, nb.name
+
+
+def test_memory_table_is_fresh_and_reads_model_sizes():
+    from sinklib.book import memory
+
+    assert memory.size_of("Qwen/Qwen2.5-0.5B-Instruct") == 5e8 and memory.size_of("google/gemma-3-270m") == 2.7e8
+    assert memory.size_of("Qwen/Qwen3-8B") == 8e9 and memory.size_of("smollm2") is None
+    assert memory.main(["--check"]) == 0, "run python -m sinklib.book.memory"
+    by = {r["chapter"]: r for r in memory.rows()}
+    assert by["04_vl_adaptation"]["work"] == memory.FINETUNE and by["02_sink_strength"]["work"] == memory.FORWARD
+    assert by["04_vl_adaptation"]["gb"] == 16 * max(map(memory.size_of, by["04_vl_adaptation"]["models"])) / 1e9
+    assert "{include} _generated/memory_table.md" in (ROOT / "book" / "how_to_run.md").read_text()

@@ -62,3 +62,16 @@ def test_saved_times_carry_the_books_provenance(monkeypatch, tmp_path):
     assert doc["results"]["runs"] == runs and len(doc["results"]["load_average_after"]) == 3
     assert doc["provenance"]["profile"] == "quick" and doc["provenance"]["seconds"] == 90.0
     assert {"git_commit", "device", "versions", "utc"} <= set(doc["provenance"])
+
+
+def test_guide_promises_the_sessions_it_plans():
+    """The tagline's session count and the planned sessions agree (two, plus an optional third)."""
+    text = GUIDE.read_text()
+    planned = re.findall(r"^## Session (\d+)", text, re.M)
+    assert len(planned) == len(course.SESSIONS)
+    optional = [n for n in course.SESSIONS if "optional" in n]
+    words = {1: "one", 2: "two", 3: "three"}
+    tagline = text.split("\n\n")[1]
+    assert f"{words[len(course.SESSIONS) - len(optional)]} 90-minute" in tagline
+    assert ("optional" in tagline) == bool(optional)
+    assert "{doc}`course_guide`" in (ROOT / "book" / "intro.md").read_text()   # the instructor path links it

@@ -98,7 +98,7 @@ def test_labels_and_verdict_notes():
     assert seeds.label("random x4") == "random x4"
     _, summ = seeds.summary(_evaluations(), seed=0)
     note = seeds.verdict_note(summ, "m", "text_only")
-    assert note.startswith("3 seeds: -") and "3 of 3 below zero" in note and note.endswith("the seed spread is smaller than the effect")
+    assert note.startswith("3 seeds: -") and "3 of 3 below zero outside the noise" in note and note.endswith("the seed spread is smaller than the effect")
     assert seeds.verdict_note(summ, "other", "vl") == "one training seed"
     flat = summ.assign(**{"mean change": 0.0, "min": 0.0, "max": 0.0})
     assert seeds.verdict_note(flat, "m", "vl").endswith("no seed changed it")

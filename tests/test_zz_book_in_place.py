@@ -65,3 +65,27 @@ def test_browser_checker_finds_problems(tmp_path):
     assert browser_check._link_problem(page, "missing.html") == "broken link missing.html"
     assert browser_check._link_problem(page, "https://example.org/x") is None
     assert browser_check.toc_pages()[0] == "book/intro"
+
+
+def test_text_checks_find_leftovers_and_doubled_words():
+    """The checker's text rules on strings (no browser needed): reprs anywhere, doubled words in prose only."""
+    found = browser_check.text_problems(
+        "gen = <torch._C.Generator object at 0x7f3a2c> and [np.float64(1.0)]", "see Lemma Lemma 1 and exercise Exercise 20")
+    assert any(p.startswith("object repr") for p in found) and any(p.startswith("raw numpy repr") for p in found)
+    assert "doubled word: 'Lemma Lemma'" in found and "doubled word: 'exercise Exercise'" in found
+    assert browser_check.text_problems("'data/results/01_sink_definition.json'", "") == [
+        "results path echoed by a cell left in the page: 'data/results/01_sink_definition.json'"]
+    assert browser_check.text_problems("np.mean(x) at 0 x", "none\tnone, a a, the theory") == []
+
+
+def test_browser_finds_struck_through_markup(tmp_path):
+    """An unclosed <s> (as '<condition> seed <s>' once became) is reported, in a real browser."""
+    if browser_check.chromium() is None:
+        pytest.skip("Chromium is not installed")
+    (tmp_path / "bad.html").write_text("<html><body><article class='bd-article'><p>rows ' seed <s>', trained"
+                                       "</p><p>the rest of the page</p></article></body></html>")
+    (tmp_path / "good.html").write_text("<html><body><article class='bd-article'><p>rows <code>&lt;condition&gt; "
+                                        "seed &lt;s&gt;</code></p></article></body></html>")
+    bad, good = browser_check.check_book(tmp_path, tmp_path / "shots", pages=["bad", "good"])
+    assert any("struck-through" in p for p in bad.problems), bad.problems
+    assert not any("struck-through" in p for p in good.problems), good.problems

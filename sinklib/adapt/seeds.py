@@ -153,7 +153,7 @@ def verdict_note(summ: pd.DataFrame, model: str, condition: str, metric: str = "
         return "one training seed"
     r = sub.iloc[0]
     return (f"{int(r.seeds)} seeds: {fmt(r['mean change'])} ({fmt(r['min'])} to {fmt(r['max'])}), "
-            f"{int(r['seeds below zero'])} of {int(r.seeds)} below zero, {_spread(r)}")
+            f"{int(r['seeds below zero'])} of {int(r.seeds)} below zero outside the noise, {_spread(r)}")
 
 
 def _spread(r: Mapping[str, Any]) -> str:

@@ -5,7 +5,8 @@ from sinklib.claims.ch1_3 import COST_RATIO_MAX, SINK_MARGIN
 from sinklib.claims.ch4 import chapter4_summary, chapter4_verdicts, models4
 from sinklib.claims.ch6 import INJECT_TOP1_MIN, merge_recovers, merge_worse
 from sinklib.claims.core import (CH4, CH5, CH6, CH7, CH8, NO_VQA, Claim, Evaluated, Results, Row, claim,
-    default_path, delta, evaluate, gap, not_testable, outcomes_of, paired_change, paired_delta, paper_text,
+    default_path, delta, evaluate, gap, not_testable, outcomes_of, paired_change, paired_delta, paper_text, pooled,
+    pooled_gap,
     per_model, render, score, strict_metrics, vqa_learned)
 from sinklib.claims.registry import CLAIMS, CONTEXT_ONLY, generate, main
 # the verdict vocabulary, as the claims' tests and notebooks have used it (``claims.est``, ``claims.REPRODUCED``)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinklib.claims.core import (CH4, NO_VQA, Results, Row, claim, delta, gap, not_testable, per_model,
+from sinklib.claims.core import (CH4, NO_VQA, Results, Row, claim, not_testable, per_model, pooled, pooled_gap,
     strict_metrics, vqa_learned)
-from sinklib.stats.verdicts import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, compare_words, diff, direction,
-    est, mean, num)
+from sinklib.stats.verdicts import (CONTRADICTED, INCONCLUSIVE, Est, Verdict, compare_words, decide, diff, est,
+    mean, num, t_interval)
 
 
 def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
@@ -15,19 +15,20 @@ def chapter4_verdicts(doc: dict, model: str) -> dict[str, str]:
 
     doc: chapter 4's results (``{"results": {"scores": [...], "outcomes": {...}}}``; the notebook passes its
     own tables). Changes are VL (or control) minus base in points; the strict-format mean is instructions
-    strict and math strict. Intervals are paired (per-item bootstrap, `delta`) where the doc holds per-item
-    outcomes, MOVER intervals of the stored scores otherwise."""
-    f = {c: delta(doc, model, c, "base", strict_metrics()) for c in ("vl", "text_only", "random")}
-    k = delta(doc, model, "vl", "base", ("knowledge acc",))
+    strict and math strict. Intervals are paired (per-item bootstrap) and pooled over the training seeds
+    (`pooled`: items and seeds resampled) where the doc holds per-item outcomes, MOVER intervals of the stored
+    scores otherwise."""
+    f = pooled(doc, model, "vl", "base", strict_metrics())[0]
+    k = pooled(doc, model, "vl", "base", ("knowledge acc",))[0]
     return {"model": model,
-            "VL: strict-format change (pt)": est(f["vl"]),
+            "VL: strict-format change (pt)": est(f),
             "VL: knowledge change (pt)": est(k),
             "strict format vs knowledge under VL": compare_words(
-                gap(doc, model, ("vl", "base", strict_metrics()), ("vl", "base", ("knowledge acc",))),
-                "format fell more", "format fell less"),
-            "text-only vs VL (strict format)": compare_words(delta(doc, model, "text_only", "vl", strict_metrics()),
+                pooled_gap(doc, model, "vl", "base", strict_metrics(), ("knowledge acc",)),
+                "format fared worse than knowledge", "format fared better than knowledge"),
+            "text-only vs VL (strict format)": compare_words(pooled(doc, model, "text_only", "vl", strict_metrics())[0],
                                                              "text-only lost more", "text-only lost less"),
-            "random vs VL (strict format)": compare_words(delta(doc, model, "random", "vl", strict_metrics()),
+            "random vs VL (strict format)": compare_words(pooled(doc, model, "random", "vl", strict_metrics())[0],
                                                           "random lost more", "random lost less")}
 
 
@@ -38,7 +39,8 @@ def chapter4_summary(verdict) -> str:
         ms = [r["model"] for _, r in verdict.iterrows() if str(r[col]).startswith(words)]
         return ", ".join(ms) if ms else "no model"
 
-    parts = [f"format fell more than knowledge: {who('strict format vs knowledge under VL', 'format fell more (')}",
+    parts = [f"format fared worse than knowledge (a difference of two changes, not a fall of format): "
+             f"{who('strict format vs knowledge under VL', 'format fared worse than knowledge (')}",
              f"text-only lost less than VL: {who('text-only vs VL (strict format)', 'text-only lost less (')}",
              f"random lost more than VL: {who('random vs VL (strict format)', 'random lost more (')}"]
     if "S under VL" in verdict:
@@ -50,14 +52,27 @@ def models4(doc: dict) -> list[str]:
     return list(dict.fromkeys(r["model"] for r in doc["results"]["scores"]))
 
 
-def _ch4_claim(res: Results, test: Callable[[dict, str], tuple[str, str, str]]) -> Row:
+def _ch4_claim(res: Results, test: Callable[[dict, str], tuple[str, Verdict]]) -> Row:
+    """Per model of chapter 4: `test(doc, model)` -> (ours, verdict); a model whose VL training did not learn the
+    visual task is not tested (the precondition, `vqa_learned`)."""
     doc = res(CH4)
     out = {}
     for m in models4(doc):
         ok, vqa = vqa_learned(doc, m)
-        o, v, w = test(doc, m)
-        out[m] = (f"{o}; {vqa}", v, w) if ok else (f"{o}; {vqa}", NOT_REPRODUCED, f"{NO_VQA} (without it: {v}, {w})")
+        o, v = test(doc, m)
+        if not ok:
+            v = decide(None, not_tested=f"{NO_VQA} (the interval alone: {v.outcome})")
+        out[m] = (f"{o}; {vqa}", v.outcome, v.why)
     return per_model(out)
+
+
+def _pooled(doc: dict, m: str, cond: str, ref: str, metrics) -> tuple[Est, str]:
+    """`pooled` and its label: '(3 seeds pooled)' or '(seed 0)'."""
+    e, k = pooled(doc, m, cond, ref, metrics)
+    p = doc.get("parameters") or {}
+    items = (f", chapter 4's {p['eval_instructions']} + {p['eval_math']}-item strict suites"
+             if "eval_instructions" in p and "eval_math" in p else "")
+    return e, f"({k} seeds pooled{items})" if k > 1 else f"(one training seed{items})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -69,12 +84,12 @@ def _ch4_claim(res: Results, test: Callable[[dict, str], tuple[str, str, str]]) 
        "±{knowledge_bound:.1f} pt")
 def format_not_knowledge(res):
     def test(doc, m):
-        f = delta(doc, m, "vl", "base", strict_metrics())
-        k = delta(doc, m, "vl", "base", ("knowledge acc",))
-        v = NOT_REPRODUCED if k.hi < 0 or f.lo > 0 else REPRODUCED if f.hi < 0 else INCONCLUSIVE
-        why = ("knowledge lost outside noise (broad damage)" if k.hi < 0 else
-               "strict-format change excludes zero" if f.lo > 0 or f.hi < 0 else "strict-format change within noise")
-        return f"strict-format {est(f)} pt, knowledge {est(k)} pt{_seeds(doc, m, 'vl')}", v, why
+        f, lab = _pooled(doc, m, "vl", "base", strict_metrics())
+        k, _ = _pooled(doc, m, "vl", "base", ("knowledge acc",))
+        v = decide(f, -1, quantity="the VL strict-format change")
+        if k.hi < 0:
+            v = Verdict(CONTRADICTED, "knowledge also fell outside noise: the loss is not format-specific")
+        return f"VL strict-format {est(f)} pt, knowledge {est(k)} pt {lab}{_seeds(doc, m, 'vl')}", v
     return _ch4_claim(res, test)
 
 
@@ -85,17 +100,16 @@ def format_not_knowledge(res):
 def backbone(res):
     doc = res(CH4)
     qk = {r["llm"]: r["qk_norm"] for r in doc["results"]["panel_rows"]}
-    ch = {m: delta(doc, m, "vl", "base", ("instructions strict",)) for m in models4(doc)}
-    ours = tuple(f"{m} ({qk.get(m, '?')}): instructions strict {est(e)} pt" for m, e in ch.items())
+    ch = {m: _pooled(doc, m, "vl", "base", ("instructions strict",)) for m in models4(doc)}
+    ours = tuple(f"{m} ({qk.get(m, '?')}): VL instructions strict {est(e)} pt {lab}" for m, (e, lab) in ch.items())
     ph, no = [m for m in ch if qk.get(m) == "per_head"], [m for m in ch if qk.get(m) == "none"]
     if not ph or not no:
-        return Row(ours, INCONCLUSIVE, "no measured pair on one of the two backbone types")
-    d = diff(mean(*(ch[m] for m in ph)), mean(*(ch[m] for m in no)))
+        return Row(ours, *decide(None, not_tested="no measured pair on one of the two backbone types"), 0)
+    d = diff(mean(*(ch[m][0] for m in ph)), mean(*(ch[m][0] for m in no)))
     failed = [m for m in ph + no if not vqa_learned(doc, m)[0]]
-    if failed:
-        return Row(ours, NOT_REPRODUCED, f"{NO_VQA} in {', '.join(failed)} "
-                   f"({vqa_learned(doc, failed[0])[1]}); per-head minus none {est(d)} pt")
-    return Row(ours, direction(d, +1), f"per-head minus none {est(d)} pt, {len(ph)} + {len(no)} pairs")
+    v = decide(d, +1, quantity=f"per-head minus none {est(d)} pt ({len(ph)} + {len(no)} pairs, MOVER)",
+               not_tested=f"{NO_VQA} in {', '.join(failed)} ({vqa_learned(doc, failed[0])[1]})" if failed else "")
+    return Row(ours, *v)
 
 
 coding = not_testable("5e", "Coding (MBPP) improves on average after VL adaptation", ("mbpp_mean",), CH4, "{mbpp_mean:+.1f} pt",
@@ -106,13 +120,13 @@ coding = not_testable("5e", "Coding (MBPP) improves on average after VL adaptati
        "IFEval {text_only_ifeval:+.2f} pt (VL {ifeval_qwen25vl:+.1f})")
 def text_only(res):
     def test(doc, m):
-        t = delta(doc, m, "text_only", "base", strict_metrics())
-        tv = delta(doc, m, "text_only", "vl", strict_metrics())
-        v = NOT_REPRODUCED if t.hi < 0 or tv.hi < 0 else direction(tv, +1)
-        why = ("text-only itself lost strict format outside noise" if t.hi < 0 else
-               "text-only minus VL excludes zero" if v != INCONCLUSIVE else "text-only minus VL within noise")
-        return (f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt{_format_step(doc, m)}"
-                f"{_seeds(doc, m, 'text_only')}", v, why)
+        t, lab = _pooled(doc, m, "text_only", "base", strict_metrics())
+        tv, _ = _pooled(doc, m, "text_only", "vl", strict_metrics())
+        v = decide(tv, +1, quantity="text-only minus VL")
+        if v.outcome == INCONCLUSIVE and t.hi < 0:
+            v = Verdict(CONTRADICTED, "text-only itself lost strict format outside noise")
+        return (f"text-only strict-format {est(t)} pt, minus VL {est(tv)} pt {lab}{_format_step(doc, m)}"
+                f"{_seeds(doc, m, 'text_only')}", v)
     return _ch4_claim(res, test)
 
 
@@ -161,10 +175,9 @@ def _random_sizes(doc: dict, model: str) -> str:
        "IFEval {random_ifeval:+.1f} pt (VL {ifeval_qwen25vl:+.1f})")
 def random_change(res):
     def test(doc, m):
-        r = delta(doc, m, "random", "vl", strict_metrics())
-        v = direction(r, -1)
-        return (f"random minus VL strict-format {est(r)} pt{_random_sizes(doc, m)}{_seeds(doc, m, 'random')}", v,
-                "random minus VL excludes zero" if v != INCONCLUSIVE else "random minus VL within noise")
+        r, lab = _pooled(doc, m, "random", "vl", strict_metrics())
+        return (f"random minus VL strict-format {est(r)} pt {lab}{_random_sizes(doc, m)}{_seeds(doc, m, 'random')}",
+                decide(r, -1, quantity="random minus VL"))
     return _ch4_claim(res, test)
 
 
@@ -173,17 +186,18 @@ def random_change(res):
        "S {tulu_S_base_vl:.2f} → {tulu_S_after_vl:.2f} (VL); {tulu_S_text_only_min:.2f} to "
        "{tulu_S_text_only_max:.2f} (text-only)")
 def tulu(res):
-    rob, n = res("02_sink_strength")["results"]["robustness"], res(CH4)["parameters"]["n_prompts"]
-    cells = [c for c in rob if c["N"] == n] or rob
-    srow = {r["model"]: r for r in res(CH4)["results"]["S"]}
+    doc = res(CH4)
+    rows = (doc["results"].get("sink_text") or {}).get("rows") or []
 
     def test(doc, m):
-        xs = [c[m] for c in cells]
-        noise = max(xs) - min(xs)
-        s = srow[m]
-        d = s["vl"] - s["base"]
-        v = INCONCLUSIVE if abs(d) <= noise else REPRODUCED if d < 0 else NOT_REPRODUCED
-        return (f"S {s['base']:.2f} → {s['vl']:.2f} (VL), {s['text_only']:.2f} (text-only)", v,
-                f"VL change {num(d, 2)} {'within' if abs(d) <= noise else 'beyond'} the spread {noise:.2f} of S over "
-                f"calibration seeds at N = {cells[0]['N']} (chapter 2; no interval stored)")
+        ch = {c: {r["condition"].split(" seed ")[-1] if " seed " in r["condition"] else "0": r["S change"]
+                  for r in rows if r["model"] == m and r["condition"].split(" seed ")[0] == c}
+              for c in ("vl", "text_only")}
+        seeds = sorted(set(ch["vl"]) & set(ch["text_only"]))
+        e = t_interval(ch["vl"][s] - ch["text_only"][s] for s in seeds)
+        each = "; ".join(f"{c} {', '.join(num(ch[c][s], 3) for s in seeds)}" for c in ("vl", "text_only"))
+        ours = (f"change in S per training seed: {each}" if seeds else "no per-seed change in S stored") + (
+            f"; VL minus text-only {est(e, 3)} (t interval over {len(seeds)} seeds, paired by seed)" if e else "")
+        return ours, decide(e, -1, quantity="VL minus text-only change in S",
+                            too_small="" if e else "fewer than two training seeds: no interval of the change in S")
     return _ch4_claim(res, test)

@@ -2,31 +2,33 @@
 the loss (chapter 5)."""
 from __future__ import annotations
 
+import re
+
 from sinklib.claims.core import CH5, CH7, Row, claim, not_testable
-from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, direction, est, num
+from sinklib.stats.verdicts import Est, decide, est, fisher_diff, num
 
 
 @claim("4b", "Remark 1: layerwise QK-RMSNorm compresses weak heads", (), CH7)
 def remark(res):
     r = {x["variant"]: x for x in res(CH7)["results"]["remark1"]}
-    lw, ph = r.get("layerwise"), r.get("per_head")
+    lw, ph, no = r.get("layerwise"), r.get("per_head"), r.get("none")
     if lw is None or ph is None:
-        return Row(("no trained layerwise and per-head model in chapter 7's run",), INCONCLUSIVE,
-                   "chapter 7 measures the remark on its trained layerwise and per-head models")
+        return Row(("no trained layerwise and per-head model in chapter 7's run",),
+                   *decide(None, not_tested="chapter 7 measures the remark on its trained layerwise and per-head models"))
     rho, p = lw["rho_share_query_norm"], lw["p_share_query_norm"]
     ours = (f"trained layerwise model: raw query shares vary {lw['raw_share_spread']:.2f}-fold, normalised query "
             f"norms {lw['query_norm_spread']:.2f}-fold, ρ(share, query norm) = {num(rho, 2)} (p = {p:.2g}), "
             f"ρ(share, logit range) = {num(lw['rho_share_logit_range'], 2)}",
             f"trained per-head model: query norms vary {ph['query_norm_spread']:.2f}-fold")
-    if rho != rho:
-        return Row(ours, INCONCLUSIVE, "the layerwise model's query norms are equal: nothing to rank")
-    if p < 0.05 and rho > 0 and lw["query_norm_spread"] > ph["query_norm_spread"]:
-        return Row(ours, REPRODUCED, "weak heads have smaller normalised queries under layerwise norm (permutation "
-                   "p < 0.05), and the spread of query norms exceeds the per-head model's; trained tiny models")
-    if p < 0.05 and rho < 0:
-        return Row(ours, NOT_REPRODUCED, "heads with a smaller raw share have larger normalised queries")
-    return Row(ours, INCONCLUSIVE, "no clear dependence of the normalised query norm on the raw share, or a "
-               "per-head model as spread as the layerwise one")
+    if no is None or rho != rho:
+        return Row(ours, *decide(None, too_small="no model without QK-norm to compare with" if no is None else
+                                 "the layerwise model's query norms are equal: nothing to rank"))
+    d = fisher_diff(lw["rho_share_logit_range"], no["rho_share_logit_range"], int(lw["n_heads"]), int(no["n_heads"]))
+    ours += (f"the model without QK-norm shows the same relation: ρ(share, logit range) = "
+             f"{num(no['rho_share_logit_range'], 2)}; layerwise minus none {est(d, 2)} (Fisher, {lw['n_heads']} heads "
+             "each)",)
+    return Row(ours, *decide(d, +1, quantity="what is specific to layerwise norm (its ρ(share, logit range) minus "
+                             "the no-norm model's)"))
 
 
 internvl35 = not_testable("5c", "InternVL3.5 (Qwen3 backbone, per-head QK-RMSNorm) loses little IFEval", ("ifeval_internvl35",),
@@ -39,9 +41,14 @@ internvl35 = not_testable("5c", "InternVL3.5 (Qwen3 backbone, per-head QK-RMSNor
 def tiny_text_only(res):
     hyp = [h for h in res(CH7)["results"]["hypotheses"] if h["hypothesis"].startswith("H6")]
     if not hyp:
-        return Row(("no text-only control in chapter 7's run",), INCONCLUSIVE, "run chapter 7 with its text-only control")
-    h = hyp[0]
-    return Row((h["this panel"],), h["verdict"], h["why"] + "; tiny models that did not learn the visual task")
+        return Row(("no text-only control in chapter 7's run",),
+                   *decide(None, not_tested="run chapter 7 with its text-only control"))
+    h, (ctx, failed) = hyp[0], _tiny_precondition(res, sink_needed=False)
+    m = re.search(r"([−-]?[\d.]+) \[([−-]?[\d.]+), ([−-]?[\d.]+)\]", h["this panel"])
+    e = Est(*(float(x.replace("−", "-")) for x in m.groups())) if m else None
+    # chapter 7 stores "VL minus text-only": the paper's side (text-only loses less) is below zero
+    return Row((h["this panel"], ctx), *decide(e, -1, quantity=h["why"].split(" (")[0],
+               not_tested=f"{failed}; the interval alone: {decide(e, -1).outcome}" if failed else ""))
 
 
 @claim("7a", "S predicts the loss: Spearman ρ(S, IFEval change) over six pairs; leave-one-pair-out error below a "
@@ -56,12 +63,12 @@ def predicts(res):
     p = max(r["rho_0971_p_exact_one_sided"])
     ctx = f"the reported ρ at n = 6 has exact one-sided p = {p:.4f} (computed)"
     if rho["rho"] is None or rho["ci_fisher_lo"] is None:
-        return Row((f"{rho['n']} measured pairs: no ρ", ctx), INCONCLUSIVE,
-                   f"too few pairs: {rho['note'] or 'no interval'}")
+        return Row((f"{rho['n']} measured pairs: no ρ", ctx),
+                   *decide(None, too_small=f"too few pairs: {rho['note'] or 'no interval'}"))
     e = Est(rho["rho"], rho["ci_fisher_lo"], rho["ci_fisher_hi"])
-    ours = (f"ρ = {est(e, 2)} (n = {rho['n']})", f"LOPO {lopo['mae_model']:.2f} vs {lopo['mae_constant']:.2f} pt"
-            if lopo["mae_model"] is not None else "LOPO: too few pairs", ctx)
-    return Row(ours, direction(e, +1), f"Fisher interval of ρ on {rho['n']} measured pairs")
+    ours = (f"ρ = {est(e, 2)} (n = {rho['n']}, Fisher interval)", f"LOPO {lopo['mae_model']:.2f} vs "
+            f"{lopo['mae_constant']:.2f} pt" if lopo["mae_model"] is not None else "LOPO: too few pairs", ctx)
+    return Row(ours, *decide(e, +1, quantity=f"the Fisher interval of ρ on {rho['n']} measured pairs"))
 
 
 four_tasks = not_testable("7b", "ρ ≥ 0.82 on each of four format-sensitive tasks (IFEval, EQ-Bench, GSM8K-CoT, GPQA-Diamond-CoT)",
@@ -71,18 +78,28 @@ rho_17 = not_testable("7c", "ρ = 0.88 on a 17-pair panel", ("rho_17",), CH5, "�
                       "the 17 pairs and their per-pair values are not reported; we have two measured pairs")
 
 
-def _tiny_precondition(res) -> tuple[str, str]:
-    """Chapter 7's preconditions as text, and the failed one that makes a controlled-panel verdict
-    inconclusive ('' when none): fewer than half the models formed a sink, or none lost strict score."""
+def _tiny_precondition(res, sink_needed: bool = True) -> tuple[str, str]:
+    """Chapter 7's preconditions as text, and the failed one that leaves a controlled-panel row not tested ('' when
+    none): fewer than half the VL models learned the visual task (every row on the panel), or (`sink_needed`, rows
+    about S) fewer than half the models formed a sink, or none lost strict-format score."""
     pre = {x["precondition"]: x for x in res(CH7)["results"]["preconditions"]}
     sink, lost = pre["a sink formed in training"], pre["VL lost strict-format score"]
-    text = f"sink formed in {sink['models']} models; VL lost strict-format score outside the noise in {lost['models']}"
-    if sink["share"] < 0.5:
-        return text, (f"precondition: a sink formed in {sink['models']} tiny models, so S varies among models "
+    vqa = pre.get("the VL model learned the visual task")
+    text = (f"sink formed in {sink['models']} models; VL lost strict-format score outside the noise in "
+            f"{lost['models']}" + (f"; the VL model learned the visual task in {vqa['models']}" if vqa else ""))
+    if vqa is not None and vqa["share"] < 0.5:
+        return text, (f"precondition failed: the VL model learned the visual task in {vqa['models']} tiny models, so "
+                      "their 'VL adaptation' is not one")
+    if sink_needed and sink["share"] < 0.5:
+        return text, (f"precondition failed: a sink formed in {sink['models']} tiny models, so S varies among models "
                       f"{'without' if sink['share'] == 0 else 'mostly without'} a sink")
-    if lost["share"] == 0:
-        return text, "precondition: no tiny model lost strict-format score outside the noise, so there is no loss to predict"
+    if sink_needed and lost["share"] == 0:
+        return text, "precondition failed: no tiny model lost strict-format score outside the noise: no loss to predict"
     return text, ""
+
+
+def _panel_missing() -> tuple[str, str]:
+    return decide(None, not_tested="no controlled panel in chapter 5's run (run chapter 7, then chapter 5)")
 
 
 @claim("7d", "S predicts the strict-format loss on a controlled panel (tiny models identical but for the QK-norm "
@@ -92,38 +109,39 @@ def tiny_predicts(res):
 
     r = res(CH5)["results"]
     if not r.get("tiny_rho"):
-        return Row(("no controlled panel in chapter 5's run",), INCONCLUSIVE, "run chapter 7, then chapter 5")
+        return Row(("no controlled panel in chapter 5's run",), *_panel_missing())
     rho = next(x for x in r["tiny_rho"] if x["task"] == TINY_STRICT_TASK)
     lopo = next(x for x in r["tiny_lopo"] if x["task"] == TINY_STRICT_TASK)
     ctx, failed = _tiny_precondition(res)
-    if rho["rho"] is None or rho["ci_boot_lo"] is None:
-        return Row((f"{rho['n']} tiny models: no ρ", ctx), INCONCLUSIVE, f"too few models: {rho['note']}")
-    e = Est(rho["rho"], rho["ci_boot_lo"], rho["ci_boot_hi"])
-    ours = (f"ρ = {est(e, 2)} (n = {rho['n']}, p = {rho['p_value']:.2g})",
+    if rho["rho"] is None or rho["ci_fisher_lo"] is None:
+        return Row((f"{rho['n']} tiny models: no ρ", ctx),
+                   *decide(None, not_tested=failed, too_small=f"too few models: {rho['note']}"))
+    e = Est(rho["rho"], rho["ci_fisher_lo"], rho["ci_fisher_hi"])
+    ours = (f"ρ = {est(e, 2)} (n = {rho['n']}, Fisher interval, p = {rho['p_value']:.2g})",
             f"LOPO {lopo['mae_model']:.2f} vs constant {lopo['mae_constant']:.2f} pt", ctx)
-    v = direction(e, +1)
-    if failed:
-        return Row(ours, INCONCLUSIVE, f"{failed}; the interval alone would say {v}")
-    return Row(ours, v, f"bootstrap interval of ρ on {rho['n']} tiny models")
+    q = f"the Fisher interval of ρ on {rho['n']} tiny models"
+    alone = decide(e, +1, quantity=q).outcome
+    return Row(ours, *decide(e, +1, quantity=q, not_tested=f"{failed}; the interval alone: {alone}" if failed else ""))
 
 
 @claim("7e", "S adds to the QK-norm architecture (the paper's panel cannot tell: S co-clusters with the QK-norm "
        "type)", (), CH5)
 def tiny_beyond(res):
     from sinklib.stats.schema import TINY_STRICT_TASK
+    from sinklib.tiny.panel import beyond_architecture
 
     r = res(CH5)["results"]
     if not r.get("tiny_architecture"):
-        return Row(("no controlled panel in chapter 5's run",), INCONCLUSIVE, "run chapter 7, then chapter 5")
+        return Row(("no controlled panel in chapter 5's run",), *_panel_missing())
     a = next(x for x in r["tiny_architecture"] if x["task"] == TINY_STRICT_TASK)
     ctx, failed = _tiny_precondition(res)
     if a.get("partial_rho") is None:
-        return Row(("architecture test not computed", ctx), INCONCLUSIVE, a.get("note") or "too few models")
+        return Row(("architecture test not computed", ctx),
+                   *decide(None, not_tested=failed, too_small=a.get("note") or "too few models"))
     ours = (f"partial ρ of S given the variant = {num(a['partial_rho'], 2)}, within-variant permutation p = "
             f"{a['partial_p']:.2g}; nested F-test p = {a['F_p']:.2g} (n = {a['n']})", ctx)
-    from sinklib.tiny.panel import beyond_architecture
-
     v = beyond_architecture(a["partial_rho"], a["partial_p"])
-    if failed:
-        return Row(ours, INCONCLUSIVE, f"{failed}; the test alone would say {v}")
-    return Row(ours, v, "two-sided within-variant permutation test at 5 %")
+    # a permutation p-value, no interval: its outcome enters the one rule as a count of one test
+    return Row(ours, *decide(None, counts=(int(v == "reproduced"), int(v == "contradicted"), 1),
+                             not_tested=f"{failed}; the test alone: {v}" if failed else "",
+                             quantity="two-sided within-variant permutation tests at 5 %"))

@@ -5,9 +5,8 @@ from collections.abc import Callable
 
 from sinklib import evals
 from sinklib.claims.core import (CH4, CH6, NO_VQA, Results, Row, claim, outcomes_of, paired_delta, per_model,
-    strict_metrics)
-from sinklib.stats.verdicts import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Est, diff, direction, est, mean,
-    wilson_pct)
+    power_note, strict_metrics)
+from sinklib.stats.verdicts import Est, Verdict, decide, diff, est, mean, wilson_pct
 
 INJECT_TOP1_MIN = 0.9   # a fair injection starts as the same function: top-1 agreement with the original
 
@@ -25,23 +24,33 @@ def injection(res):
     def paired_d(a: str, b: str) -> Est | None:  # a - b on the shared items, when both stored them
         return paired_delta(outs.get(a), outs.get(b), strict_metrics())
 
-    d = paired_d(final, "original") or diff(mean(*(sc[final][m] for m in strict_metrics())),
-                                            mean(*(sc["original"][m] for m in strict_metrics())))
+    def strict(c: str) -> Est:
+        return mean(*(sc[c][m] for m in strict_metrics()))
+
+    def d(a: str, b: str) -> Est:
+        return paired_d(a, b) or diff(strict(a), strict(b))
+
     ppl = " → ".join(f"{sc[c]['perplexity ppl'].v:.0f}" for c in sc)
-    ours = (f"{final} minus original, strict-format {est(d)} pt", f"top-1 agreement at initialisation {top1:.2f}; "
-            f"perplexity {ppl} ({' → '.join(sc)})")
-    no_control = final != "injected" and "original + recovery" not in sc
-    if top1 < INJECT_TOP1_MIN:
-        return Row(ours, NOT_REPRODUCED, f"precondition failed: the injection breaks the model at initialisation "
-                   f"(top-1 agreement {top1:.2f} < {INJECT_TOP1_MIN}), so the drop measures a broken start, not the "
-                   f"norm{'; the recovery fine-tune has no control either' if no_control else ''}")
-    if no_control:
-        return Row(ours, NOT_REPRODUCED, "precondition failed: the recovery fine-tune has no control "
-                   "(the original model fine-tuned the same way)")
-    if "original + recovery" in sc:
-        d = paired_d(final, "original + recovery") or diff(d, diff(mean(*(sc["original + recovery"][m] for m in strict_metrics())),
-                                                                   mean(*(sc["original"][m] for m in strict_metrics()))))
-    return Row(ours, direction(d, -1), f"strict-format change against its control {est(d)} pt")
+    n = list(dict.fromkeys(s["n"] for v in inj.values() for s in v["scores"] if f"{s['suite']} {s['metric']}"
+                           in strict_metrics()))
+    ours = (f"on chapter 6's {' + '.join(map(str, n))}-item strict suites: {final} minus original {est(d(final, 'original'))} "
+            f"pt (uncontrolled)",)
+    ctl = "original + recovery" in sc and final != "injected"
+    if ctl:
+        ours += (f"{final} minus original + recovery (the controlled contrast) {est(d(final, 'original + recovery'))} "
+                 f"pt; the recovery fine-tune alone (original + recovery minus original) "
+                 f"{est(d('original + recovery', 'original'))} pt",)
+    ours += (f"top-1 agreement at initialisation {top1:.2f}; perplexity {ppl} ({' → '.join(sc)})",)
+    broken = (f"precondition failed: the injection breaks the model at initialisation (top-1 agreement {top1:.2f} < "
+              f"{INJECT_TOP1_MIN}), "
+              "so a drop measures a broken start, not the norm" if top1 < INJECT_TOP1_MIN else "")
+    no_control = final != "injected" and not ctl
+    v = decide(d(final, "original + recovery") if ctl else d(final, "original"), -1,
+               quantity="the strict-format change against its control",
+               not_tested="; ".join(x for x in (broken, "precondition failed: the recovery fine-tune has no control "
+                                                "(the original model fine-tuned the same way)" if no_control else "")
+                                    if x))
+    return Row(ours, *v)
 
 
 def merge_recovers(to_base: Est, to_vl: Est) -> bool:
@@ -55,7 +64,7 @@ def merge_worse(to_vl: Est) -> bool:
     return to_vl.hi < 0
 
 
-def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]], tuple[str, str, str]]) -> Row:
+def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]], tuple[str, Verdict]]) -> Row:
     """Per model of chapter 6: `test(d, merges)` where d(a, b) is the strict-format change a - b (points) with a
     paired interval when chapter 6 stored per-item outcomes, else with MOVER intervals of Wilson intervals from
     chapter 6's n; merges are the model's 'merge:...' conditions."""
@@ -73,9 +82,13 @@ def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]],
         vl = next(r for r in rows if r["model"] == m and r["condition"] == "vl")
         e = wilson_pct(vl["VQA (%)"], doc["parameters"]["vqa_n"])
         maj = next(x["majority baseline (%)"] for x in res(CH4)["results"]["vqa"] if x["model"] == m)
-        o, v, w = test(d, [c for c in conds if c.startswith("merge:")])
-        out[m] = (o, v, w) if e.lo > maj else (o, NOT_REPRODUCED, f"{NO_VQA} (VQA {e.v:.0f} % [{e.lo:.0f}, "
-                                               f"{e.hi:.0f}] vs majority {maj:.0f} %; without it: {v}, {w})")
+        o, v = test(d, [c for c in conds if c.startswith("merge:")])
+        if not e.lo > maj:
+            v = decide(None, not_tested=f"{NO_VQA} (VQA {e.v:.0f} % [{e.lo:.0f}, {e.hi:.0f}] vs majority {maj:.0f} %; "
+                                        f"the test alone: {v.outcome})")
+        base = next(r for r in rows if r["model"] == m and r["condition"] == "base")
+        pw = power_note({k: (n[k.split()[0]], base[k]) for k in strict_metrics()})
+        out[m] = (f"{o} (chapter 6's {n['instructions']} + {n['math']}-item strict suites; {pw})", v.outcome, v.why)
     return per_model(out)
 
 
@@ -87,10 +100,10 @@ def no_recovery(res):
         rec = [c for c, e in merged.items() if merge_recovers(e, d(c, "vl"))]
         below = [c for c, e in merged.items() if e.hi < 0]
         ours = f"VL strict-format {est(vl)} pt; below base outside noise: {len(below)} of {len(merged)}"
-        if vl.hi >= 0:
-            return ours, NOT_REPRODUCED, "precondition failed: the VL loss is within noise (nothing to recover)"
-        v = NOT_REPRODUCED if rec else REPRODUCED if len(below) == len(merged) else INCONCLUSIVE
-        return ours, v, f"{len(rec)} merges recover outside noise, {len(below)} stay below the base"
+        return ours, decide(None, counts=(len(below), len(rec), len(merged)), need=1.0,
+                            quantity="merges (on the claim's side: below the base outside noise; against: recovers)",
+                            not_tested="precondition failed: the VL loss is within noise (nothing to recover)"
+                            if vl.hi >= 0 else "")
     return _merges(res, test)
 
 
@@ -101,7 +114,7 @@ def most_merges_worse(res):
         dd = {c: d(c, "vl") for c in merges}
         worse, better = sum(merge_worse(e) for e in dd.values()), sum(e.lo > 0 for e in dd.values())
         pts = sum(e.v < 0 for e in dd.values())
-        v = REPRODUCED if worse > len(dd) / 2 else NOT_REPRODUCED if better >= len(dd) / 2 else INCONCLUSIVE
         return (f"worse than VL: {pts} of {len(dd)} by point value, {worse} outside noise; better outside noise: {better}",
-                v, f"{worse} of {len(dd)} worse outside noise (rule: more than half)")
+                decide(None, counts=(worse, better, len(dd)), need=0.5,
+                       quantity="merges (on the claim's side: worse than VL outside noise; against: better)"))
     return _merges(res, test)

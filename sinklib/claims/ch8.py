@@ -1,8 +1,8 @@
 """Claims 9a and 9b: the causal tests of the mechanism, ablation order and repair (chapter 8)."""
 from __future__ import annotations
 
-from sinklib.claims.core import CH8, claim, per_model, strict_metrics
-from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from sinklib.claims.core import CH8, claim, per_model, power_note, strict_metrics
+from sinklib.stats.verdicts import Est, decide, est
 
 
 @claim("9a", "Mechanism (causal test, ours): removing the sink from the heads that use it most hurts format-sensitive "
@@ -19,19 +19,27 @@ def ablation_order(res):
         f, k = s["format_dose"], s["knowledge_dose"]
         rf = (by.get("random") or {}).get("format_dose")
         specific = f is not None and (rf is None or rf > f)
-        if f is not None and (k is None or f < k) and specific:
-            v, why = REPRODUCED, "format falls before knowledge, and as many random heads do not make it fall at that dose"
-        elif k is not None and (f is None or k < f):
-            v, why = NOT_REPRODUCED, "knowledge falls first"
-        elif f is not None and (k is None or f < k):
-            v, why = INCONCLUSIVE, ("format falls before knowledge, but as many random heads make it fall at the same "
-                                    "dose (at dose 1 both are every head), so the fall is not specific to the sink heads")
-        else:
-            v, why = INCONCLUSIVE, "neither falls first outside the noise"
+        first = f is not None and (k is None or f < k)
+        v, why = decide(None, counts=(int(first and specific), int(k is not None and (f is None or k < f)), 1),
+                        quantity="orderings (for: format falls before knowledge and before as many random heads; "
+                                 "against: knowledge falls first)")
+        if first and not specific:
+            why = ("format falls before knowledge, but as many random heads make it fall at the same dose (at dose 1 "
+                   "both are every head), so the fall is not specific to the sink heads")
         ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
-        out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else ""), v,
+        out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else "") + _mass(doc, m), v,
                   why + " (rule: the smallest dose whose paired 95 % interval lies below zero)")
     return per_model(out)
+
+
+def _mass(doc: dict, model: str) -> str:
+    """'; attention mass taken at dose d: sink x, random y, matched z' for the doses below 1 (empty without rows)."""
+    rows = doc["results"].get("dose_response") or []
+    by = {(r["dose"], r["control"]): r["mass_taken"] for r in rows if r["model"] == model and "mass_taken" in r}
+    doses = sorted({d for d, _ in by if 0 < d < 1})
+    parts = [f"dose {d:g}: " + ", ".join(f"{c} {by[(d, c)]:.2f}" for c in ("sink", "random", "matched") if (d, c) in by)
+             for d in doses]
+    return f"; first-token attention mass removed, {'; '.join(parts)}" if parts else ""
 
 
 @claim("9b", "Mechanism (causal test, ours): the VL loss flows through the sink heads' W_Q/W_K; restoring them "
@@ -40,7 +48,8 @@ def repair(res):
     from sinklib.causal.repair import repair_outcome
 
     doc = res(CH8)
-    rows = doc["results"]["repair"]
+    rows, p = doc["results"]["repair"], doc["parameters"]
+    suites = f"chapter 8's {p.get('eval_instructions', '?')} + {p.get('eval_math', '?')}-item strict suites"
     out = {}
     for m in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == m]
@@ -49,21 +58,23 @@ def repair(res):
         o = repair_outcome(t, strict_metrics())
         lost, back = o["lost"], o["back"]
         by = {(r["control"], r["metric"]): r for r in t}
-        loss = "; ".join(f"{mt} VL - base {r['loss']:+.1f} [{r['loss_lo']:+.1f}, {r['loss_hi']:+.1f}]"
+        loss = "; ".join(f"{mt} VL minus base {est(Est(r['loss'], r['loss_lo'], r['loss_hi']))}"
                          for mt in strict_metrics() for r in [by.get(("sink heads", mt))] if r)
-        moves = "; ".join(f"{c} {mt} {r['change']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}]"
+        moves = "; ".join(f"{c} {mt} {est(Est(r['change'], r['lo'], r['hi']))}"
                           for (c, mt), r in by.items() if mt in lost)
-        ours = f"{loss}" + (f"; restored ({f0:.0%} of heads): {moves}" if moves else "")
-        if not lost:
-            out[m] = (ours, NOT_REPRODUCED, "precondition failed: the VL loss is within noise (nothing to recover)")
-            continue
+        pw = power_note({mt: (int(p[k]), r["base"]) for mt in strict_metrics() for r in [by.get(("sink heads", mt))]
+                         for k in [f"eval_{mt.split()[0]}"] if r and k in p})
+        ours = f"{loss} ({suites}{'; ' + pw if pw.endswith(')') else ''})" + (
+            f"; restored ({f0:.0%} of heads): {moves}" if moves else "")
         worse = o["down"]["sink heads"]
-        if back["sink heads"] and not (back["random heads"] or back["other rows"]):
-            v, w = REPRODUCED, "the sink heads' restore brings a lost score back outside noise; neither control does"
-        elif worse or not back["sink heads"] and (back["random heads"] or back["other rows"]):
-            v, w = NOT_REPRODUCED, "a control repairs, or the sink heads' restore makes it worse"
-        else:
-            v, w = INCONCLUSIVE, ("the sink heads and a control both repair" if back["sink heads"] else
-                                  "no restore moves a lost score outside noise")
+        good = back["sink heads"] and not (back["random heads"] or back["other rows"])
+        bad = worse or not back["sink heads"] and (back["random heads"] or back["other rows"])
+        v, w = decide(None, counts=(int(good), int(bad), 1), not_tested="" if lost else
+                      "precondition failed: the VL loss is within noise (nothing to recover)",
+                      quantity="restores (for: the sink heads' restore repairs and no control does; against: a "
+                               "control repairs, or the sink heads' restore makes it worse)")
+        if lost and not (good or bad):
+            w = ("the sink heads and a control both repair" if back["sink heads"] else
+                 "no restore moves a lost score outside noise")
         out[m] = (ours, v, w)
     return per_model(out)

@@ -18,7 +18,7 @@ from sinklib.book import runner as _book
 from sinklib.errors import ResultsMissing
 from sinklib.book.reported import reported_values
 from sinklib.core.resources import checkout_root
-from sinklib.stats.verdicts import (INTERVALS, NOT_RUN, NOT_TESTABLE, RULES, VERDICTS, Est, combine, diff, mean,
+from sinklib.stats.verdicts import (INTERVALS, NOT_RUN, NOT_TESTED, RULES, VERDICTS, Est, combine, diff, mean,
     wilson_pct)
 
 #: the chapters' notebook stems
@@ -31,6 +31,7 @@ class Row:
     ours: tuple[str, ...]
     verdict: str
     reason: str
+    tests: int = 1          # how many tests (one per model, or per setting) the verdict rests on
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def claim(id: str, text: str, paper_keys: tuple[str, ...] = (), chapter: str = "
 
 
 def not_testable(id: str, text: str, paper_keys: tuple[str, ...], chapter: str, paper: str, why: str) -> Claim:
-    return claim(id, text, paper_keys, chapter, paper)(lambda res: Row(("—",), NOT_TESTABLE, why))
+    return claim(id, text, paper_keys, chapter, paper)(lambda res: Row(("—",), NOT_TESTED, why, 0))
 
 
 class Results:
@@ -77,9 +78,10 @@ class Results:
 
 
 def per_model(results: dict[str, tuple[str, str, str]]) -> Row:
-    """{model: (ours, verdict, why)} -> one Row (verdicts combined by `combine`)."""
+    """{model: (ours, verdict, why)} -> one Row (verdicts combined by `combine`; one test per tested model)."""
     return Row(tuple(f"{m}: {o}. *{v}*: {w}" for m, (o, v, w) in results.items()),
-               combine(v for _, v, _ in results.values()), "")
+               combine(v for _, v, _ in results.values()), "",
+               sum(v != NOT_TESTED for _, v, _ in results.values()))
 
 
 def strict_metrics() -> tuple[str, ...]:
@@ -132,6 +134,54 @@ def delta(doc: dict, model: str, cond: str, ref: str, metrics) -> Est:
     return diff(mean(*(score(doc, model, cond, m) for m in metrics)), mean(*(score(doc, model, ref, m) for m in metrics)))
 
 
+def seed_conditions(doc: dict, model: str, cond: str) -> list[str]:
+    """`cond` and its extra training seeds ('vl', 'vl seed 1', ...) that hold per-item outcomes."""
+    outs = doc["results"].get("outcomes", {}).get(model, {})
+    return [c for c in outs if c == cond or c.startswith(f"{cond} seed ")]
+
+
+def _seed_draws(doc: dict, model: str, cond: str, ref: str, metrics):
+    """(points [seeds], bootstrap draws [seeds, n_boot]) of cond minus ref per training seed, each paired on its
+    items (a seed of `ref` pairs with the same seed of `cond`; 'base' is one model); None without outcomes."""
+    import numpy as np
+
+    conds = seed_conditions(doc, model, cond)
+    if not conds or outcomes_of(doc, model, ref) is None:
+        return None
+    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
+    got = [paired_change(outcomes_of(doc, model, c), outcomes_of(doc, model, r), metrics)
+           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
+    return np.asarray([g[0] for g in got]), np.asarray([g[1] for g in got])
+
+
+def _pool(pts, draws, n_boot_seed: int = 0) -> Est:
+    """The mean over seeds, its interval resampling the items (the draws' shared indices) and the seeds."""
+    import numpy as np
+
+    from sinklib.evals import paired
+
+    pick = np.random.default_rng(n_boot_seed).integers(0, len(draws), size=(draws.shape[1], len(draws)))
+    return paired.estimate(float(np.mean(pts)), draws[pick, np.arange(draws.shape[1])[:, None]].mean(1))
+
+
+def pooled(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[Est, int]:
+    """(cond minus ref of the mean of `metrics`, pooled over the training seeds, and the number of seeds). Each
+    seed's change is paired on the shared items; the pooled point is their mean, and its interval resamples the
+    items (the same indices for every seed, `sinklib.evals.paired`) and the seeds (with replacement), so it holds
+    the seed spread too. Without per-item outcomes: `delta` (seed 0, MOVER)."""
+    sd = _seed_draws(doc, model, cond, ref, metrics)
+    return (delta(doc, model, cond, ref, metrics), 1) if sd is None else (_pool(*sd), len(sd[0]))
+
+
+def pooled_gap(doc: dict, model: str, cond: str, ref: str, metrics_a, metrics_b) -> Est:
+    """The change of `metrics_a` minus the change of `metrics_b` (same conditions), pooled over training seeds as
+    in `pooled`; `gap` (seed 0) without per-item outcomes."""
+    a, b = _seed_draws(doc, model, cond, ref, metrics_a), _seed_draws(doc, model, cond, ref, metrics_b)
+    if a is None or b is None:
+        return gap(doc, model, (cond, ref, metrics_a), (cond, ref, metrics_b))
+    return _pool(a[0] - b[0], a[1] - b[1])
+
+
 def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
     """delta(*a) minus delta(*b) (each (cond, ref, metrics)): paired draws where per-item outcomes exist (the
     two changes' suites resampled as in `sinklib.evals.paired`), MOVER otherwise."""
@@ -141,6 +191,17 @@ def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
     if da is not None and db is not None:
         return paired.estimate(da[0] - db[0], da[1] - db[1])
     return diff(delta(doc, model, *a), delta(doc, model, *b))
+
+
+def power_note(suites: dict[str, tuple[int, float]]) -> str:
+    """'smallest fall these suites detect ...' for {metric: (items, base pass rate in %)}, computed with
+    `sinklib.evals.power` (paired McNemar, 80 % power, 5 % level, 5 % background flips: chapter 4's power table)."""
+    from sinklib.evals.power import power_table
+
+    t = power_table({k: (n, p / 100) for k, (n, p) in suites.items()}, flips=(0.05,))
+    parts = [f"{r['suite']} {r['paired, flip 0.05']:.0f} points ({r['items']} items)" if r["paired, flip 0.05"] ==
+             r["paired, flip 0.05"] else f"{r['suite']}: no fall of any size ({r['items']} items)" for _, r in t.iterrows()]
+    return "smallest fall these suites detect (80 % power): " + ", ".join(parts)
 
 
 def vqa_learned(doc: dict, model: str) -> tuple[bool, str]:
@@ -187,22 +248,44 @@ def _cell(lines) -> str:
     return "\n\n    ".join(lines)
 
 
+def tally(evaluated: list[Evaluated]) -> dict[str, int]:
+    """How many rows came out each way, in `VERDICTS` order (plus "not run yet")."""
+    return {v: sum(e.row.verdict == v for e in evaluated) for v in VERDICTS + (NOT_RUN,)}
+
+
+def tally_text(evaluated: list[Evaluated]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in tally(evaluated).items() if n)
+
+
+def multiplicity(evaluated: list[Evaluated]) -> str:
+    """The sentence on multiple comparisons, with the counts of this page."""
+    tested = [e for e in evaluated if e.row.verdict not in (NOT_TESTED, NOT_RUN)]
+    n = sum(e.row.tests for e in tested)
+    return (f"**Multiplicity.** The {len(tested)} tested rows rest on {n} tests (one per model, or per setting, "
+            f"each at the 95 % level); nothing is corrected for multiple comparisons. With {n} tests, about "
+            f"{0.05 * n:.1f} would exclude zero by chance if nothing were there, and a row is \"reproduced\" when "
+            "one model's test is (and no model's test says the opposite): read a single reproduced model as one "
+            "test that came out, not as a confirmation. Exploratory scans (chapter 4's random sizes, chapter 8's "
+            "doses) are reported, never used to pick a verdict.")
+
+
 def render(evaluated: list[Evaluated]) -> str:
-    tally = {v: sum(e.row.verdict == v for e in evaluated) for v in VERDICTS + (NOT_RUN,)}
     out = ["% generated by `python -m sinklib.claims` from data/results/ and data/paper_reported_values.csv: "
-           "do not edit", "", "**Verdict rules** (one set for every row):", ""]
+           "do not edit", "", "**Verdict rules** (one function, `sinklib.stats.verdicts.decide`, for every row):", ""]
     out += [f"- **{v}**: {t}." for v, t in RULES]
-    out += ["", INTERVALS, "", "Tally: " + ", ".join(f"{v} {n}" for v, n in tally.items() if n) + ".", "",
-            "```{list-table}", ":header-rows: 1", ":widths: 4 24 16 44 12", ":class: full-width", "",
-            "* - #", "  - claim (reported by the paper)", "  - paper", "  - ours, and why the verdict", "  - verdict"]
+    out += ["", INTERVALS, "", f"**Tally**: {tally_text(evaluated)}.", "", multiplicity(evaluated), "",
+            "The paper's values come from a public review of the paper ({doc}`paper_reported` says which); the "
+            "column \"paper\" shows them as that review reports them.", "",
+            "```{list-table}", ":header-rows: 1", ":widths: 4 12 22 14 48", ":class: full-width claims-table", "",
+            "* - #", "  - verdict", "  - claim (as reported for the paper)", "  - paper", "  - ours, and why the verdict"]
     for e in evaluated:
         c, r = e.claim, e.row
         where = (f"{{doc}}`ch. {c.chapter[:2].lstrip('0')} </book/chapters/{c.chapter}>`" if c.chapter else "no chapter")
         meta = " · ".join(x for x in (where, ", ".join(e.models), f"profile {e.profile}" if e.profile else "") if x)
         ours = ((f"*Not measured*: {r.reason}",) if r.ours == ("—",) and r.reason else
                 r.ours + ((f"*Why*: {r.reason}",) if r.reason else ()))
-        out += [f"* - {c.id}", f"  - {_cell([c.text, meta])}", f"  - {paper_text(c)}", f"  - {_cell(ours)}",
-                f"  - **{r.verdict}**"]
+        out += [f"* - {c.id}", f"  - **{r.verdict}**", f"  - {_cell([c.text, meta])}", f"  - {paper_text(c)}",
+                f"  - {_cell(ours)}"]
     return "\n".join(out + ["```", ""])
 
 

@@ -2,7 +2,8 @@
 
 `CLAIMS` lists every claim, in the page's order; each lives in the module of the chapter whose results it reads
 (``ch1_3``, ``ch4``, ``ch5_7``, ``ch6``, ``ch8``; the machinery is in ``core``). ``python -m sinklib.claims`` writes
-``book/_generated/claims_table.md`` (``--check`` only compares); a later chapter adds its claims to its module with
+``book/_generated/claims_table.md`` with the bottom line and the other findings beside it (``sinklib.claims.findings``;
+``--check`` only compares); a later chapter adds its claims to its module with
 ``@claim(...)`` and lists them here.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sinklib.claims import ch1_3, ch4, ch5_7, ch6, ch8
+from sinklib.claims import ch1_3, ch4, ch5_7, ch6, ch8, findings
 from sinklib.claims.core import Claim, default_path, evaluate, render
 
 CLAIMS: tuple[Claim, ...] = (
@@ -46,23 +47,32 @@ CONTEXT_ONLY: dict[str, str] = {
 }
 
 
+def generate_all() -> dict[str, str]:
+    """{file name under book/_generated: text}: the claims table, the bottom line and the other findings."""
+    rows = [evaluate(c) for c in CLAIMS]
+    return {"claims_table.md": render(rows), **findings.pages(rows)}
+
+
 def generate() -> str:
-    return render([evaluate(c) for c in CLAIMS])
+    return generate_all()["claims_table.md"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sinklib.claims", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(default_path()))
-    ap.add_argument("--check", action="store_true", help="exit 1 when the file differs from what would be written")
+    ap.add_argument("--out", default=str(default_path()), help="the claims table; the other generated passages "
+                    "(bottom_line.md, other_findings.md) go beside it")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a file differs from what would be written")
     a = ap.parse_args(argv)
-    text, path = generate(), Path(a.out)
+    path = Path(a.out)
+    files = {(path if name == "claims_table.md" else path.parent / name): text for name, text in generate_all().items()}
     if a.check:
-        ok = path.exists() and path.read_text(encoding="utf-8") == text
-        print("claims table is fresh" if ok else f"{path.name} is stale: run python -m sinklib.claims")
-        return 0 if ok else 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path.name}: {len(CLAIMS)} claims")
+        stale = [p.name for p, t in files.items() if not (p.exists() and p.read_text(encoding="utf-8") == t)]
+        print("claims page is fresh" if not stale else f"{', '.join(stale)} stale: run python -m sinklib.claims")
+        return 1 if stale else 0
+    for p, t in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(t, encoding="utf-8")
+    print(f"wrote {', '.join(p.name for p in files)}: {len(CLAIMS)} claims")
     return 0
 
 

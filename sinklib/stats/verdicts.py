@@ -1,7 +1,8 @@
-"""Verdicts by stated rules: the vocabulary, the rules as the claims page prints them, and the interval
-arithmetic behind them (Wilson intervals for scores, MOVER intervals for differences and means).
+"""Verdicts by one stated rule: the vocabulary, the rule as the claims page prints it (`decide` applies it to every
+row), and the interval arithmetic behind it (Wilson intervals for scores, MOVER intervals for differences and
+means, t intervals over training seeds).
 
-Used by the claims page (``sinklib.claims``) and by the chapters that state a verdict (chapter 4).
+Used by the claims page (``sinklib.claims``) and by the chapters that state a verdict (chapters 4 and 7).
 """
 from __future__ import annotations
 
@@ -12,36 +13,42 @@ import numpy as np
 
 from sinklib.errors import ParameterError
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE = "reproduced", "not reproduced", "inconclusive", "not testable here"
+REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED = "reproduced", "contradicted", "inconclusive", "not tested"
+#: the names the chapters' code used before the four outcomes (chapter 7's executed copy prints "not reproduced"
+#: from them until its next run); the same outcomes
+NOT_REPRODUCED, NOT_TESTABLE = CONTRADICTED, NOT_TESTED
 
 
 NOT_RUN = "not run yet"
 
 
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE)
+VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED)
 
 
 RULES = (
-    (REPRODUCED, "the 95 % interval of the tested quantity excludes zero in the paper's direction (or, where no "
-                 "interval is stored, the paper's ordering holds by the margin named in the row) in at least one "
-                 "model, and no model contradicts it"),
-    (NOT_REPRODUCED, "the interval excludes zero the other way, or a precondition of the test failed (named in "
-                     "the row: the VL model did not learn the visual task, i.e. its VQA interval is not above the "
-                     "majority-answer baseline; the VL change it should explain is within noise; the injected "
-                     "model does not start as the original; a fine-tune has no control)"),
-    (INCONCLUSIVE, "the interval contains zero, the sample is too small, no interval is stored, or models disagree"),
-    (NOT_TESTABLE, "needs models, benchmarks or panels this book cannot run offline (named in the row)"),
+    (REPRODUCED, "the 95 % interval of the tested quantity lies wholly on the paper's side of zero (or, for the "
+                 "few quantities without an interval, of the margin named in the row); across models: in at least "
+                 "one tested model, and no tested model contradicts it"),
+    (CONTRADICTED, "the interval lies wholly on the other side: the data say the opposite of the claim"),
+    (INCONCLUSIVE, "the interval contains zero (or straddles the margin), the sample is too small to decide, or "
+                   "models disagree: the claim is neither supported nor refuted here"),
+    (NOT_TESTED, "a precondition of the test failed (named in the row: the VL model did not learn the visual task, "
+                 "the loss the test should explain is within noise, the injected model does not start as the "
+                 "original, no sink formed), or the models, benchmarks or panels do not exist here: the claim was "
+                 "not put to the test, which says nothing about it"),
     (NOT_RUN, "the chapter's results file is missing; run the chapter"),
 )
 
 
-INTERVALS = ("Scores carry Wilson 95 % intervals over their n items (computed from the score and n where a "
-             "chapter stores none). Where a chapter stores every item's outcome (chapter 4), a change between two "
-             "conditions, the mean of the two strict-format suites (instructions strict, math strict) and a "
-             "difference of two changes carry paired 95 % bootstrap intervals: the shared items are resampled "
-             "together, and the exact McNemar test gives the p-value of a pass/fail change. Elsewhere they "
-             "combine the scores' intervals by MOVER (Newcombe's method), treating conditions as independent "
-             "samples, which is conservative. A difference inside such an interval is not an effect.")
+INTERVALS = ("One interval method per kind of quantity. Scores: Wilson 95 % intervals over their n items. A change "
+             "between two conditions evaluated on the same items, the strict-format mean (instructions strict and "
+             "math strict) and a difference of two changes: paired 95 % bootstrap intervals (the shared items "
+             "resampled together; the exact McNemar test gives the p-value of a pass/fail change); where a chapter "
+             "trained several seeds, the seeds are pooled: the bootstrap also resamples the training seeds. Where "
+             "no per-item outcomes are stored, MOVER (Newcombe's method) combines the scores' Wilson intervals, "
+             "treating conditions as independent, which is conservative. A change in S over training seeds: the "
+             "t interval over the seeds (paired by seed). Spearman's ρ: the Fisher interval. A difference inside "
+             "such an interval is not an effect.")
 
 
 class Est(NamedTuple):
@@ -49,6 +56,44 @@ class Est(NamedTuple):
     v: float
     lo: float
     hi: float
+
+
+class Verdict(NamedTuple):
+    """One of the four outcomes and the reason, in words."""
+    outcome: str
+    why: str
+
+
+def decide(e: Est | None, sign: int = +1, *, quantity: str = "the interval", not_tested: str = "",
+           too_small: str = "", band: tuple[float, float] = (0.0, 0.0),
+           counts: tuple[int, int, int] | None = None, need: float = 1.0) -> Verdict:
+    """THE rule of every claim row (`RULES`): `not_tested` (a failed precondition, or the models do not exist)
+    wins, then `too_small` (or no estimate) is inconclusive; otherwise the interval of `quantity` decides. `sign`
+    is the paper's direction (+1: above zero); `band` widens zero to a margin (lo, hi) for the few quantities with
+    a margin rule instead of an interval (pass ``Est(x, x, x)``): reproduced beyond the band on the paper's side,
+    contradicted beyond it on the other, inconclusive inside. A claim about several settings ("no merge
+    recovers", "most merges make it worse") passes `counts` (settings whose interval is on the paper's side,
+    settings whose interval is against it, all settings) and `need` (the share the claim names: 1 for "every",
+    0.5 for "most"): reproduced when more than `need` of them (every one at 1) are on the paper's side, contradicted
+    when more than 1 - `need` are against it (any one at 1), inconclusive otherwise."""
+    if not_tested:
+        return Verdict(NOT_TESTED, not_tested)
+    if too_small or (e is None and counts is None):
+        return Verdict(INCONCLUSIVE, too_small or f"no estimate of {quantity}")
+    if counts is not None:
+        k_for, k_against, n = counts
+        if k_against > (1 - need) * n:
+            return Verdict(CONTRADICTED, f"{k_against} of {n} {quantity} against the claim")
+        ok = k_for == n if need >= 1 else k_for > need * n
+        return Verdict(REPRODUCED if ok else INCONCLUSIVE, f"{k_for} of {n} {quantity} on the claim's side")
+    lo_edge, hi_edge = band
+    above, below = e.lo > hi_edge, e.hi < lo_edge
+    where = "the margin" if band != (0.0, 0.0) else "zero"
+    if above or below:
+        ours = above == (sign > 0)
+        return Verdict(REPRODUCED if ours else CONTRADICTED,
+                       f"{quantity} lies beyond {where} {'in the paper' if ours else 'against the paper'}'s direction")
+    return Verdict(INCONCLUSIVE, f"{quantity} {'straddles the margin' if band != (0.0, 0.0) else 'contains zero'}")
 
 
 def num(x: float, d: int = 1, sign: bool = True) -> str:
@@ -77,11 +122,29 @@ def mean(*es: Est) -> Est:
     return Est(v, v - math.hypot(*(e.v - e.lo for e in es)) / len(es), v + math.hypot(*(e.hi - e.v for e in es)) / len(es))
 
 
+def t_interval(values) -> Est | None:
+    """The mean of replicates (e.g. training seeds) with its t 95 % interval; None with fewer than 2 values."""
+    from scipy import stats as sst
+
+    x = np.asarray(list(values), float)
+    if x.size < 2:
+        return None
+    half = float(sst.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return Est(float(x.mean()), float(x.mean()) - half, float(x.mean()) + half)
+
+
+def fisher_diff(r1: float, r2: float, n1: int, n2: int) -> Est:
+    """r1 - r2 of two correlations on independent samples, with the Fisher-z 95 % interval back-transformed by
+    Zou's method (MOVER on the two Fisher intervals)."""
+    def one(r, n):
+        z, s = math.atanh(r), 1.959963984540054 / math.sqrt(n - 3)
+        return Est(r, math.tanh(z - s), math.tanh(z + s))
+    return diff(one(r1, n1), one(r2, n2))
+
+
 def direction(e: Est, sign: int) -> str:
-    """REPRODUCED when the interval excludes zero on the side of `sign`, NOT_REPRODUCED on the other side."""
-    if e.lo > 0 or e.hi < 0:
-        return REPRODUCED if (e.lo > 0) == (sign > 0) else NOT_REPRODUCED
-    return INCONCLUSIVE
+    """`decide`'s outcome for an interval: REPRODUCED on the side of `sign`, CONTRADICTED on the other side."""
+    return decide(e, sign).outcome
 
 
 def compare_words(e: Est, worse: str = "lower", better: str = "higher") -> str:
@@ -94,12 +157,14 @@ def compare_words(e: Est, worse: str = "lower", better: str = "higher") -> str:
 
 
 def combine(verdicts) -> str:
-    s = set(verdicts)
-    if not s or s == {NOT_TESTABLE}:
-        return NOT_TESTABLE
+    """Across models: models not tested drop out; reproduced in one and contradicted in none -> reproduced, models
+    that disagree -> inconclusive; NOT_TESTED only when no model was tested."""
+    s = set(verdicts) - {NOT_TESTED}
+    if not s:
+        return NOT_TESTED
     if REPRODUCED in s:
-        return INCONCLUSIVE if NOT_REPRODUCED in s else REPRODUCED
-    return NOT_REPRODUCED if NOT_REPRODUCED in s else INCONCLUSIVE
+        return INCONCLUSIVE if CONTRADICTED in s else REPRODUCED
+    return CONTRADICTED if CONTRADICTED in s else INCONCLUSIVE
 
 
 def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -114,3 +179,4 @@ def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     # the interval always holds p: exact bounds at k = 0 and k = n (not 1e-15 of rounding)
     return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
+

@@ -231,7 +231,7 @@ def _rho_est(rho_table: pd.DataFrame, task: str):
     from sinklib.stats.verdicts import Est
 
     r = rho_table.set_index("task").loc[task]
-    return Est(float(r["rho"]), float(r["ci_boot_lo"]), float(r["ci_boot_hi"])), r
+    return Est(float(r["rho"]), float(r["ci_fisher_lo"]), float(r["ci_fisher_hi"])), r  # the book's interval for rho
 
 
 def _hyp_row(h, paper, ours, verdict, why) -> dict:
@@ -254,7 +254,7 @@ def _hyp_strict(st: Mapping[str, pd.DataFrame], paper_rho: str) -> list[dict]:
     else:
         out.append(_hyp_row("H1 S predicts the strict-format change", paper_rho,
                             f"rho {est(e, 2)} (n = {int(r['n'])}, p = {r['p_value']:.3g})", direction(e, +1),
-                            "bootstrap 95 % interval of rho"))
+                            "Fisher 95 % interval of rho"))
     ar = st["architecture"].set_index("task").loc[TINY_STRICT_TASK]
     pr, pp = ar.get("partial_rho", float("nan")), ar.get("partial_p", float("nan"))
     if pr is None or not np.isfinite(pr):
@@ -273,7 +273,7 @@ def _hyp_no_relation(rho_t: pd.DataFrame) -> list[dict]:
     import math
 
     from sinklib.stats.schema import task_column
-    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, est
+    from sinklib.stats.verdicts import CONTRADICTED, INCONCLUSIVE, est
 
     out = []
     for metric in ("format lenient", "knowledge acc"):
@@ -284,8 +284,9 @@ def _hyp_no_relation(rho_t: pd.DataFrame) -> list[dict]:
         else:
             out.append(_hyp_row(f"H3 S does not predict the {metric} change", "no relation",
                                 f"rho {est(e, 2)} (p = {r['p_value']:.3g})",
-                                REPRODUCED if e.lo <= 0 <= e.hi else NOT_REPRODUCED,
-                                "the interval contains zero (no relation found; weak evidence on a small panel)"
+                                INCONCLUSIVE if e.lo <= 0 <= e.hi else CONTRADICTED,
+                                "the interval contains zero: no relation found, which on a small panel is not "
+                                "evidence of none (an interval containing zero is never 'reproduced')"
                                 if e.lo <= 0 <= e.hi else "the interval excludes zero: S relates to this change too"))
     return out
 

@@ -1,0 +1,203 @@
+"""The book's bottom line and what it found beyond the paper's claims, in plain sentences whose every number is
+read from `data/results/` (``python -m sinklib.claims`` writes them to ``book/_generated/bottom_line.md`` and
+``book/_generated/other_findings.md``; the claims page and the landing page include them).
+
+Each finding is a function (results -> sentence, or "" when its chapter has not run); a missing chapter drops
+its sentence rather than inventing one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sinklib.claims.core import CH4, CH7, CH8, Evaluated, Results, pooled, strict_metrics, tally_text
+from sinklib.errors import ResultsMissing
+from sinklib.stats.verdicts import Est, est, num, t_interval
+
+CH2 = "02_sink_strength"
+PROVENANCE = ("The paper's values are those a public review of the paper reports (the paper itself was not "
+              "available offline; {doc}`paper_reported` lists them).")
+
+
+def _safe(fn: Callable[[Results], str], res: Results) -> str:
+    try:
+        return fn(res)
+    except (ResultsMissing, KeyError, StopIteration, ValueError):
+        return ""
+
+
+def _models(doc: dict) -> list[str]:
+    return list(dict.fromkeys(r["model"] for r in doc["results"]["scores"]))
+
+
+def _side(es: list[Est]) -> str:
+    """Where a set of intervals lies, in words: all below zero, all above, all containing zero, or mixed."""
+    if all(e.hi < 0 for e in es):
+        return "every interval below zero"
+    if all(e.lo > 0 for e in es):
+        return "every interval above zero"
+    if all(e.lo <= 0 <= e.hi for e in es):
+        return "every interval containing zero"
+    return "the intervals on different sides of zero"
+
+
+def vl_format(res: Results) -> str:
+    doc = res(CH4)
+    fs = {m: pooled(doc, m, "vl", "base", strict_metrics())[0] for m in _models(doc)}
+    ks = {m: pooled(doc, m, "vl", "base", ("knowledge acc",))[0] for m in fs}
+    parts = [f"{m} {est(fs[m])} points (knowledge {est(ks[m])})" for m in fs]
+    lost = [m for m, e in fs.items() if e.hi < 0]
+    head = (f"Our miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
+            if lost else "Our miniature vision-language adaptation cost no detectable strict-format skill in "
+            f"{'both' if len(fs) == 2 else f'the {len(fs)}'} real models")
+    return (f"{head}: the strict-format change, pooled over the training seeds, is {' and '.join(parts)}; "
+            f"{_side(list(fs.values()))}.")
+
+
+def text_only(res: Results) -> str:
+    doc = res(CH4)
+    es = {m: pooled(doc, m, "text_only", "base", strict_metrics())[0] for m in _models(doc)}
+    parts = [f"{m} {est(e)}" for m, e in es.items()]
+    lost = all(e.hi < 0 for e in es.values())
+    return (f"Ordinary text-only fine-tuning to the same end {'did' if lost else 'did not clearly'} cost format: "
+            f"{' and '.join(parts)} points ({_side(list(es.values()))})." +
+            (" The paper's control has text-only training lose nothing, so here the loss is not specific to "
+             "vision-language training." if lost else ""))
+
+
+def _s_changes(doc: dict, model: str, cond: str) -> list[float]:
+    rows = (doc["results"].get("sink_text") or {}).get("rows") or []
+    return [r["S change"] for r in rows if r["model"] == model and r["condition"].split(" seed ")[0] == cond]
+
+
+def s_trajectory(res: Results) -> str:
+    doc = res(CH4)
+    parts, vls = [], []
+    for m in _models(doc):
+        v, t = t_interval(_s_changes(doc, m, "vl")), t_interval(_s_changes(doc, m, "text_only"))
+        if v and t:
+            parts.append(f"{m}: VL {est(v, 3)}, text-only {est(t, 3)}")
+            vls.append(v)
+    if not parts:
+        return ""
+    fell = any(v.hi < 0 for v in vls)
+    return (f"Sink Strength S {'fell' if fell else 'did not fall'} under VL training (the paper's trajectory has it "
+            f"fall); the change in S over the training seeds (t intervals) is {'; '.join(parts)}.")
+
+
+def _bos(res: Results) -> list[tuple[str, Est, list[tuple[str, Est]]]]:
+    """Per model: (model, knowledge change, [(strict metric, change)]) when the first token is removed."""
+    rows = res(CH8)["results"]["first_token"]
+    out = []
+    for m in dict.fromkeys(r["model"] for r in rows):
+        by = {r["metric"]: Est(r["change"], r["lo"], r["hi"]) for r in rows if r["model"] == m
+              and r["first token"] == "none"}
+        if "knowledge acc" in by:
+            out.append((m, by["knowledge acc"], [(x, by[x]) for x in strict_metrics() if x in by]))
+    return out
+
+
+def bos_ablation(res: Results) -> str:
+    rows = _bos(res)
+    hit = [(m, k, f) for m, k, f in rows if k.hi < 0 or any(e.hi < 0 for _, e in f)]
+    if not hit:
+        return ("Removing the first (BOS) token moved no score outside the noise (chapter 8)." if rows else "")
+    parts = []
+    for m, k, f in hit:
+        fs = ", ".join(f"{x} {est(e)}" for x, e in f)
+        parts.append(f"in {m} it changed knowledge by {est(k)} points and strict format by {fs}")
+    order = all(k.hi < 0 and not any(e.hi < 0 for _, e in f) for _, k, f in hit)
+    return ("Removing the first (BOS) token, the sink position (chapter 8, paired 95 % intervals): "
+            f"{'; '.join(parts)}." + (" It costs knowledge, not format: the opposite of the order the paper's "
+                                      "mechanism predicts." if order else ""))
+
+
+def s_by_norm(res: Results) -> str:
+    s, qk = res(CH2)["results"]["S"], {r["llm"]: r["qk_norm"] for r in res(CH4)["results"]["panel_rows"]}
+    kind = {"none": "no QK-norm", "per_head": "per-head QK-norm", "layerwise": "layerwise QK-norm"}
+    real = ", ".join(f"{m} ({kind.get(qk.get(m, ''), '?')}) {s[m]:.2f}" for m in s)
+    lower = min(s, key=s.get)
+    tiny = res(CH7)["results"].get("tiny_panel_rows") or []
+    by: dict[str, list[float]] = {}
+    for r in tiny:
+        by.setdefault(r["qk_norm"], []).append(r["S"])
+    means = ", ".join(f"{q.replace('_', '-')} {num(sum(v) / len(v), 2, sign=False)}" for q, v in by.items())
+    said = (" The per-head QK-norm model has the lower S, although the paper's positive correlation and its "
+            "per-head pairs losing less would put per-head models higher." if qk.get(lower) == "per_head" else "")
+    return (f"S of the real models (chapter 2): {real}.{said}" + (
+        f" On chapter 7's tiny models, where no sink formed, mean S by variant is {means}." if means else ""))
+
+
+def recovery_cost(res: Results) -> str:
+    from sinklib.claims.core import paired_delta
+
+    inj = res("06_negative_controls")["results"]["injection"]
+    if "original + recovery" not in inj:
+        return ""
+    d = paired_delta(inj["original + recovery"].get("outcomes"), inj["original"].get("outcomes"), strict_metrics())
+    return (f"The short recovery fine-tune of chapter 6 costs strict format by itself ({est(d)} points on the "
+            "original model), so the injection's drop must be read against that control (row 8a).") if d else ""
+
+
+FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost)
+
+
+def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
+    v = {e.claim.id: e.row.verdict for e in evaluated}
+    named = (("5a", "VL adaptation erodes format but not knowledge"), ("6a", "text-only training is harmless"),
+             ("6c", "S falls under VL"), ("7a", "S predicts the loss across pairs"))
+    parts = [f"{what} (row {i}): **{v[i]}**" for i, what in named if i in v]
+    return "What this means for the paper, claim by claim: " + "; ".join(parts) + "."
+
+
+def _untested(evaluated: list[Evaluated]) -> str:
+    nt = [e for e in evaluated if e.row.verdict == "not tested"]
+    pre = sum("precondition" in e.row.reason or any("precondition" in o for o in e.row.ours) for e in nt)
+    return (f"Of the {len(nt)} rows not tested, {pre} failed a precondition (named in the row) and "
+            f"{len(nt) - pre} need models, benchmarks or panels that do not exist here.")
+
+
+def bottom_line(evaluated: list[Evaluated]) -> str:
+    res = Results()
+    sentences = [_safe(fn, res) for fn in (vl_format, text_only, s_trajectory, bos_ablation)]
+    sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}.", _untested(evaluated),
+                  _verdicts_sentence(evaluated)]
+    return "\n\n".join(s for s in sentences if s)
+
+
+def other_findings() -> str:
+    res = Results()
+    items = [_safe(fn, res) for fn in FINDINGS]
+    return "\n".join(f"- {x}" for x in items if x)
+
+
+#: findings beyond the claim rows that belong on a chapter's "What we found"
+CHAPTER_FINDINGS: dict[str, tuple[Callable[[Results], str], ...]] = {
+    CH2: (s_by_norm,), CH4: (s_trajectory,), "06_negative_controls": (recovery_cost,), CH8: (bos_ablation,)}
+
+
+def chapter_found(stem: str, evaluated: list[Evaluated]) -> str:
+    """A chapter's "What we found": the verdict of each claim row it tests, in the claims page's words, and the
+    chapter's other findings; every number read from data/results/."""
+    res, lines = Results(), []
+    for e in (e for e in evaluated if e.claim.chapter == stem):
+        body = " ".join(o for o in e.row.ours if o != "—")
+        why = f" Why: {e.row.reason}" if e.row.reason else ""
+        lines.append(f"- **Row {e.claim.id}, {e.row.verdict}.** {e.claim.text}. {body}{why}".rstrip())
+    lines += [f"- {x}" for x in (_safe(fn, res) for fn in CHAPTER_FINDINGS.get(stem, ())) if x]
+    if not lines:
+        return ""
+    return "\n".join(["The verdicts below follow the claims page's rule ({doc}`../claims`)."] + lines)
+
+
+def pages(evaluated: list[Evaluated]) -> dict[str, str]:
+    """{file name under book/_generated: text} of the generated passages: the bottom line, the other findings
+    and each chapter's "What we found" (``found/<notebook>.md``)."""
+    from sinklib.book.runner import notebook_names
+
+    head = "% generated by `python -m sinklib.claims` from data/results/: do not edit\n\n"
+    out = {"bottom_line.md": head + bottom_line(evaluated) + "\n\n" + PROVENANCE + "\n",
+           "other_findings.md": head + other_findings() + "\n"}
+    for stem in notebook_names():
+        found = chapter_found(stem, evaluated)
+        out[f"found/{stem}.md"] = head + (found or "This chapter tests no claim row; it prepares the later ones.") + "\n"
+    return out
