@@ -286,3 +286,16 @@ def test_readme_links_the_published_book_of_the_configured_repository(tmp_path, 
     runner.set_repo("https://github.com/someone/fork")
     text = (tmp_path / "README.md").read_text()
     assert "https://someone.github.io/fork/" in text and runner.pages_url(url) not in text
+
+
+def test_the_rerun_tooling_is_not_a_sinklib_change(tiny_book):
+    tiny_book.execute(DEP)
+    for t in record.TOOLING:
+        (tiny_book.root / "sinklib" / t).parent.mkdir(parents=True, exist_ok=True)
+        (tiny_book.root / "sinklib" / t).write_text("# edited\n")
+    assert tiny_book.state(DEP).state == stale.CURRENT
+    for t in record.TOOLING:   # the names are real modules that no notebook imports
+        assert (ROOT / "sinklib" / t).exists()
+    for nb in (ROOT / "notebooks").glob("*.ipynb"):
+        text = nb.read_text()
+        assert not any(f"sinklib.book.{Path(t).stem}" in text for t in record.TOOLING), nb.name

@@ -40,13 +40,18 @@ def normalized(params: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(params, sort_keys=True))
 
 
-def tree_sha256(folder: str | Path, pattern: str = "*.py") -> str:
+#: sinklib files that decide what to rerun and drive a reproduction; no chapter's results depend on them, so a
+#: change to them does not count as a sinklib change (paths relative to sinklib/, as git writes them)
+TOOLING = ("book/cli.py", "book/record.py", "book/reproduce.py", "book/stale.py")
+
+
+def tree_sha256(folder: str | Path, pattern: str = "*.py", skip: tuple[str, ...] = TOOLING) -> str:
     """sha256 over the relative paths and contents of the files matching `pattern` under `folder`
-    (``__pycache__`` left out): changes whenever any source file of the package changes, committed or not."""
+    (``__pycache__`` and `skip` left out): changes whenever a source file of the package changes, committed or not."""
     folder = Path(folder)
     h = hashlib.sha256()
     for p in sorted(folder.rglob(pattern)):
-        if "__pycache__" in p.parts:
+        if "__pycache__" in p.parts or p.relative_to(folder).as_posix() in skip:
             continue
         h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()

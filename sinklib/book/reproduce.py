@@ -143,10 +143,9 @@ def mark_done(path: Path, state: dict, name: str, fp: str, seconds: float) -> No
 def committed_results(names: list[str], dest: Path, root: Path = runner.REPO) -> list[str]:
     """Write each chapter's committed results file (``HEAD:data/results/<name>.json``) into `dest`;
     returns the chapters that have one."""
-    rel = runner.results_dir().resolve().relative_to(root.resolve())
     found = []
     for n in names:
-        r = stale.git(root, "show", f"HEAD:{(rel / f'{n}.json').as_posix()}")
+        r = stale.git(root, "show", f"HEAD:data/results/{n}.json")
         if r.returncode == 0:
             (dest / f"{n}.json").write_text(r.stdout)
             found.append(n)
@@ -190,8 +189,17 @@ def exit_status(diffs: dict[str, list], failed: str | None) -> int:
 def _run_chapters(order, todo, profile, device, state, state_path) -> str | None:
     """Execute the chapters of `todo` (a part of `order`) with progress; returns the one that failed, if any."""
     est = estimates(order)
+    saved = dict(est)
     pfile = state_path.parent / "progress.json"
+    pfile.parent.mkdir(parents=True, exist_ok=True)
     os.environ[progress.ENV] = str(pfile)
+    try:
+        return _each_chapter(order, todo, profile, device, state, state_path, est, saved, pfile)
+    finally:
+        os.environ.pop(progress.ENV, None)
+
+
+def _each_chapter(order, todo, profile, device, state, state_path, est, saved, pfile) -> str | None:
     t_run = time.time()
     for i, name in enumerate(order):
         if name not in todo:
@@ -208,9 +216,8 @@ def _run_chapters(order, todo, profile, device, state, state_path) -> str | None
             return name
         est[name] = 0.0
         mark_done(state_path, state, name, fp, seconds)
-        print(f"[{i + 1}/{len(order)}] {name}  done in {clock(seconds)} (saved estimate {clock(estimates([name]).get(name))})",
+        print(f"[{i + 1}/{len(order)}] {name}  done in {clock(seconds)} (saved estimate {clock(saved.get(name))})",
               flush=True)
-    os.environ.pop(progress.ENV, None)
     return None
 
 

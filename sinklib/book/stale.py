@@ -8,7 +8,8 @@ results file read counts as changed when git says it changed since the reader's 
 ``provenance.git_commit``, a ``+dirty`` suffix stripped: uncommitted changes at run time are not known).
 
 A chapter that is not stale but whose **sinklib** changed since it ran (the record's hash of the package's
-source, or ``git diff <commit> -- sinklib/`` without a record) is listed with its estimated rerun time and the
+source, or ``git diff <commit> -- sinklib/`` without a record; both leave out `record.TOOLING`, the modules
+that decide what to rerun, which no result depends on) is listed with its estimated rerun time and the
 command that reruns it, never rerun silently: its full run can take hours."""
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ def git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
 
 
-def changed_since(root: Path, commit: str, path: str) -> bool | None:
-    """Whether `path` (a file or folder of the checkout) differs between `commit` and the working tree;
-    None when `commit` is not in this clone's history (a shallow clone) or there is no git."""
+def changed_since(root: Path, commit: str, path: str, *exclude: str) -> bool | None:
+    """Whether `path` (a file or folder of the checkout; `exclude`: git pathspecs such as ``:!sinklib/x.py``) differs
+    between `commit` and the working tree; None when `commit` is not in this clone's history (a shallow clone)."""
     try:
         if git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             return None
-        return git(root, "diff", "--quiet", commit, "--", path).returncode != 0
+        return git(root, "diff", "--quiet", commit, "--", path, *exclude).returncode != 0
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -120,7 +121,7 @@ def _sinklib(rec: dict | None, commit: str | None, root: Path) -> str | None:
         return None if same else "sinklib changed (record)"
     if commit is None:
         return "?no commit recorded"
-    moved = changed_since(root, commit, "sinklib")
+    moved = changed_since(root, commit, "sinklib", *[f":!sinklib/{t}" for t in record.TOOLING])
     if moved is None:
         return f"?commit {commit[:8]} not in this clone's history"
     return f"sinklib changed since {commit[:8]} (git diff)" if moved else None
