@@ -199,7 +199,7 @@ def update(profile: str = "full", dry_run: bool = False) -> list[ChapterState]:
             print(f"book: {name} is {st.state} ({'; '.join(st.why)}); re-executing (saved time {duration(st.seconds)})",
                   flush=True)
             if not dry_run:
-                runner.execute(name, profile)
+                print(f"book: {name} done in {duration(runner.execute(name, profile))}", flush=True)
             ran.append(name)
     states = book_status(profile)
     print(table(states), flush=True)
