@@ -5,8 +5,9 @@ with the committed ones (``make reproduce [ONLY=04] [PROFILE=full] [DEVICE=auto]
   (the saved run times of the chapters still to run, less what the current one has used) and the current
   training or evaluation step, which sinklib's loops write into ``$SINKBOOK_PROGRESS`` (`sinklib.core.progress`).
 - Resumable: ``_build/reproduce/state.json`` lists the chapters this reproduction finished, each with the
-  fingerprint it ran with (code, parameters, results read, sinklib); a second call skips those whose fingerprint
-  still holds (``--restart`` forgets them). A chapter interrupted half-way runs again, and sinklib's cache
+  fingerprint it ran with (code, parameters, results read, sinklib); after an interruption or a failed chapter
+  the same call skips those whose fingerprint still holds (``--restart`` forgets them); a reproduction that
+  finishes removes the file, so the next call starts a new one. A chapter interrupted half-way runs again, and sinklib's cache
   (``~/.cache/sinkbook``: every finished training and evaluation) makes that rerun cheap.
 - Verdict: each chapter's ``data/results`` file against the committed one (``git show HEAD:...``) with
   `sinklib.book.compare` (provenance, timings and paths ignored); exit status 0 when every chapter ran and
@@ -234,6 +235,8 @@ def reproduce(only: list[str] | None = None, profile: str = "full", device: str 
           f"{len(order) - len(todo)} already done in this reproduction; estimated "
           f"{clock(sum(est[n] or 0 for n in todo))} by the saved run times", flush=True)
     failed = _run_chapters(order, todo, profile, device, state, state_path)
+    if failed is None:
+        state_path.unlink(missing_ok=True)   # finished: the next call is a new reproduction, not a resume
     with tempfile.TemporaryDirectory() as before:
         committed_results(order, Path(before))
         done = [n for n in order if n != failed and (n not in todo or n in state.get("done", {}))]
