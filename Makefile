@@ -1,10 +1,16 @@
-# sinkbook: the two commands of the README.
-#   make book   set up .venv (+ the qwen models), execute every notebook (profile=full) on the embedded models, build _build/html
-#   make test   set up .venv, run the tests (unit, notebooks on the quick profile, book build, freshness)
+# sinkbook: the commands of the README.
+#   make book        set up .venv (+ the qwen models), re-execute only the STALE chapters (profile=full), build _build/html
+#   make test        set up .venv, run the tests (unit, notebooks on the quick profile, book build, freshness)
+#   make reproduce   re-execute every chapter (or ONLY=04) with progress, compare with the committed results
+#   make render      build _build/html from the committed pages only (no torch, no models; what CI publishes)
 PROFILE ?= full
+ONLY ?=
+DEVICE ?=
+TOL ?= 1e-6
 PY := .venv/bin/python
+BUILD := .venv/bin/jupyter-book build . -W -n --keep-going
 
-.PHONY: setup setup-qwen book notebooks html test test-fast clean
+.PHONY: setup setup-qwen setup-render book notebooks html render status reproduce test test-fast clean
 setup:
 	bash scripts/setup.sh
 
@@ -12,16 +18,28 @@ setup:
 setup-qwen: setup
 	$(PY) -m sinklib.install qwen
 
+setup-render:
+	SINKBOOK_SETUP=render bash scripts/setup.sh
+
 notebooks: setup setup-qwen
-	$(PY) -m sinklib.book run --profile $(PROFILE)
+	$(PY) -m sinklib.book update --profile $(PROFILE)   # stale chapters only; prints what else needs a rerun
 	$(PY) -m sinklib.claims     # the claims page's table, from data/results
 	$(PY) -m sinklib.book.models_page  # the models page's table, from the registry and data/results
 	$(PY) -m sinklib.book.course report  # the course guide's times, from data/results/course_times.json (measure: python -m sinklib.book.course time)
 
 html: setup
-	.venv/bin/jupyter-book build . -W -n --keep-going
+	$(BUILD)
+
+render: setup-render
+	$(BUILD)
 
 book: notebooks html
+
+status: setup
+	$(PY) -m sinklib.book status --profile $(PROFILE)
+
+reproduce: setup
+	$(PY) -m sinklib.book reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) $(if $(DEVICE),--device $(DEVICE)) --tol $(TOL)
 
 test: setup
 	$(PY) -m pytest -q -ra

@@ -16,6 +16,14 @@ if [ "$PY" != python3 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; t
   echo "setup: .venv is up to date"; exit 0
 fi
 $PY -m pip install -q --upgrade pip
+if [ "${SINKBOOK_SETUP:-full}" = render ]; then
+  # Only what builds the book from its committed pages (CI publishing, `make render`): Jupyter Book and the
+  # Sphinx extensions of _config.yml, pinned in requirements.txt; no torch, no models, no re-execution.
+  req=$(mktemp)
+  grep -E '^(jupyter-book|sphinx-|django-static-mathjax|pyyaml)' requirements.txt > "$req"
+  $PY -m pip install -q -r "$req"; rm -f "$req"
+  echo "setup: done (render only: no torch, no models)"; exit 0
+fi
 if ! $PY -c "import torch" 2>/dev/null; then
   # Pinned, never an open range. Where the package index serves a CPU build (as on this project's
   # CI machines) this is the CPU wheel; on a GPU-less laptop set

@@ -9,6 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from sinklib.book import record
 from sinklib.book import runner as book
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,17 @@ def test_executed_copy_is_fresh(path):
     ran_with = book.executed_parameters(ex)
     assert ran_with.get("profile") in book.PROFILE_NAMES, f"{executed}: no papermill parameters recorded"
     assert book.code_sources(src, fold=ran_with) == book.code_sources(ex), f"{executed} is stale: re-execute {path.name}"
+    profile = json.loads(json.dumps(book.load_profile(path.stem, ran_with["profile"])))
+    assert json.loads(json.dumps(ran_with)) == profile, (
+        f"{executed} ran with other parameters than data/profiles/{path.stem}.yml[{ran_with['profile']}]: re-execute it")
+    rec = record.read(ex)   # the run record (copies executed before it existed have none)
+    if rec is not None:
+        assert rec["parameters"] == json.loads(json.dumps(ran_with)), f"{executed}: record and papermill disagree"
+        assert rec["code_sha256"] == book.code_fingerprint(ex) == book.code_fingerprint(src, fold=ran_with), (
+            f"{executed}: code differs from its run record; re-execute {path.name}")
+        for dep, sha in rec["reads"].items():
+            assert sha == record.file_sha256(ROOT / "data" / "results" / f"{dep}.json"), (
+                f"{executed} read data/results/{dep}.json before it changed: re-execute {path.name}")
     md = lambda nb: [c.source for c in nb.cells if c.cell_type == "markdown"]  # noqa: E731
     assert md(src) == md(ex), f"{executed}: prose differs from the source; run `python -m sinklib.book sync-text`"
     errors = [o for c in ex.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

@@ -1,5 +1,5 @@
 import sys
 
-from sinklib.book.runner import main
+from sinklib.book.cli import main
 
 sys.exit(main())

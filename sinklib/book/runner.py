@@ -24,6 +24,7 @@ from typing import Any
 
 from sinklib.errors import ParameterError
 from sinklib.core.resources import checkout_root, data_path, display_path, results_dir  # noqa: F401 (callers use them here)
+from sinklib.book import record
 from sinklib.book.results import device_info, load_results, save_results  # noqa: F401 (results with provenance)
 
 REPO = checkout_root() or Path.cwd()       # the runner and set-repo need a checkout; see _need_checkout
@@ -228,6 +229,13 @@ def repository_url() -> str:
     return str(cfg["repository"]["url"]).rstrip("/")
 
 
+def pages_url(url: str | None = None) -> str:
+    """The GitHub Pages address of the published book for a repository URL (default `repository_url`):
+    ``https://github.com/<owner>/<name>`` -> ``https://<owner>.github.io/<name>/`` (the README links to it)."""
+    owner, name = (url or repository_url()).rstrip("/").split("/")[-2:]
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
 BOOTSTRAP_FIRST_LINE = "# On Colab: install sinkbook, the embedded models and the graders. Elsewhere: nothing."
 
 
@@ -264,7 +272,7 @@ def set_repo(url: str) -> list[str]:
     for f in (root / "_config.yml", root / "README.md"):
         text = f.read_text()
         if old in text and old != url:
-            f.write_text(text.replace(old, url))
+            f.write_text(text.replace(pages_url(old), pages_url(url)).replace(old, url))
             changed.append(f.name)
     for f in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((root / "book").rglob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(f, as_version=4)
@@ -276,35 +284,65 @@ def set_repo(url: str) -> list[str]:
     return changed
 
 
-def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kernel: str = "python3",
-        log_output: bool = False) -> dict[str, float]:
-    """Execute notebooks with a profile into `out`; returns seconds per notebook."""
-    import papermill as pm
-
-    _need_checkout("python -m sinklib.book run")
+def select(only: list[str] | None) -> list[str]:
+    """The notebooks named by `--only` prefixes (all when empty), in `run_order`."""
     names = notebook_names()
     if only:
-        sel = [n for n in names if any(n.startswith(o) or n == o for o in only)]
         missing = [o for o in only if not any(n.startswith(o) for n in names)]
         if missing:
             raise ParameterError(f"--only {missing} matches no notebook; available: {', '.join(names)}")
-        names = sel
-    names = run_order(names)
+        names = [n for n in names if any(n.startswith(o) or n == o for o in only)]
+    return run_order(names)
+
+
+def code_fingerprint(nb, fold: dict[str, Any] | None = None) -> str:
+    """sha256 of a notebook's code cells (`code_sources`), the Colab bootstrap cell left out."""
+    return record.code_sha256(code_sources(nb, fold=fold), skip_prefix=BOOTSTRAP_FIRST_LINE)
+
+
+def reads_fingerprint(name: str) -> dict[str, str | None]:
+    """sha256 of each results file `name` reads (`READS_RESULTS_OF`), as it is now."""
+    return {dep: record.file_sha256(results_dir() / f"{dep}.json") for dep in READS_RESULTS_OF.get(name, ())}
+
+
+def execute(name: str, profile: str, out: Path = CHAPTERS, kernel: str = "python3", log_output: bool = False,
+            params: dict | None = None) -> float:
+    """Execute one notebook into `out` with the profile's parameters (updated by `params`), fold them into
+    the parameters cell and write the run record (`sinklib.book.record`); returns seconds."""
+    import papermill as pm
+
+    from sinklib.book.results import _git_commit
+
+    params = {**load_profile(name, profile), **(params or {})}
+    reads, commit = reads_fingerprint(name), _git_commit()
+    sinklib_hash = record.tree_sha256(REPO / "sinklib")
+    os.environ["SINKBOOK_PROFILE"] = profile
+    t0 = time.perf_counter()
+    pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
+                        kernel_name=kernel, language="python", cwd=str(REPO), progress_bar=sys.stderr.isatty(),
+                        log_output=log_output)
+    fold_injected_cell(out / f"{name}.ipynb")
+    if Path(out).resolve() == CHAPTERS.resolve():
+        export_tagged_figures(out / f"{name}.ipynb")
+    seconds = time.perf_counter() - t0
+    import nbformat
+
+    code = code_fingerprint(nbformat.read(out / f"{name}.ipynb", as_version=4))
+    record.write(out / f"{name}.ipynb", record.make(code, params, reads, sinklib_hash, commit, seconds))
+    return round(seconds, 1)
+
+
+def run(profile: str, only: list[str] | None = None, out: Path = CHAPTERS, kernel: str = "python3",
+        log_output: bool = False) -> dict[str, float]:
+    """Execute notebooks with a profile into `out`; returns seconds per notebook."""
+    _need_checkout("python -m sinklib.book run")
+    names = select(only)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["SINKBOOK_PROFILE"] = profile
     times: dict[str, float] = {}
     for i, name in enumerate(names, 1):
-        params = load_profile(name, profile)
-        print(f"[{i}/{len(names)}] {name}  profile={profile}  params={params}", flush=True)
-        t0 = time.perf_counter()
-        pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
-                            kernel_name=kernel, language="python", cwd=str(REPO), progress_bar=sys.stderr.isatty(),
-                            log_output=log_output)
-        fold_injected_cell(out / f"{name}.ipynb")
-        if Path(out).resolve() == CHAPTERS.resolve():
-            export_tagged_figures(out / f"{name}.ipynb")
-        times[name] = round(time.perf_counter() - t0, 1)
+        print(f"[{i}/{len(names)}] {name}  profile={profile}  params={load_profile(name, profile)}", flush=True)
+        times[name] = execute(name, profile, out, kernel, log_output)
         print(f"    done in {times[name]:.1f} s", flush=True)
     print(f"total {sum(times.values()):.1f} s for {len(times)} notebook(s)", flush=True)
     return times

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sinklib.core import progress as _progress
 from sinklib.errors import SinkbookError
 
 SCHEDULES = ("constant", "cosine")
@@ -87,6 +88,7 @@ def run(param_groups: Sequence[dict], steps: int, batches: Callable[[int], Any],
         sched.step()
         value = loss.item()
         bar.set_postfix(loss=f"{value:.3f}")
+        _progress.report(desc, i + 1, steps)  # side channel ($SINKBOOK_PROGRESS), never the cell's output
         if after_step is not None:
             after_step(StepInfo(i, value, gnorm, lrs, time.perf_counter() - ts, batch, aux))
     bar.close()

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sinklib.errors import ParameterError
+from sinklib.core import progress
 from sinklib.core.params import check_choice, check_int, integer
 from sinklib.evals import grading, items, lm
 from sinklib.evals.grading import (bootstrap_ppl_interval, grade_instructions, grade_math, parse_answer_lenient,
@@ -269,6 +270,7 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
     rows = items.sample(all_rows, n_items, seed)
     was_training = getattr(model, "training", False)
     model.eval()
+    progress.report(f"evaluating {suite}", 0, len(rows))  # side channel ($SINKBOOK_PROGRESS), not the page
     try:
         per, out = spec["run"](model, tok, rows, style=style, batch_size=batch_size, max_new_tokens=max_new_tokens,
                                n_shots=n_shots, seed=seed)
