@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 #: items per suite and rounds of the default run (a few minutes per model on a quiet 2-core machine)
-EVAL_ITEMS = {"instructions": 16, "math": 32}
+EVAL_ITEMS = {"instructions": 16, "math": 24}
 BEFORE_BATCH = 8  # the suites' batch before the decoder (chapter 4's eval_batch_size)
-TRAIN_STEPS = 3
+TRAIN_STEPS = 2
 
 
 def suite_prompts(lm, suite: str, n: int, seed: int = 0) -> tuple[list[dict], list[list[int]], tuple[str, ...], int]:
