@@ -125,12 +125,12 @@ def train_row(lm, steps: int = TRAIN_STEPS, batch_size: int | None = None) -> li
 def run_eval(models: Sequence[str], n_items: dict[str, int] | None = None, repeats: int = 2, train_steps: int = TRAIN_STEPS,
              log: Callable[[str], None] = print) -> tuple[dict, list]:
     """The evaluation rows (both generation suites) and the training rows of each model; (results, loaded models)."""
-    from sinklib.bench.cpu import load
+    from sinklib.core.models import load_model
 
     n_items = dict(n_items or EVAL_ITEMS)
     rows, loaded = [], []
     for name in models:
-        lm = load(name)
+        lm = load_model(name, device="cpu")
         loaded.append(lm)
         for suite, n in n_items.items():
             log(f"{name} {suite}: {n} items, {repeats} rounds")
