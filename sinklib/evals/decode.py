@@ -37,6 +37,25 @@ def common_prefix(seqs: Sequence[Sequence[int]]) -> int:
     return k
 
 
+def _window(model: Any) -> int | None:
+    """The smallest sliding window of the model's layers, or None when every layer attends to everything."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    w = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if not isinstance(w, int) or (types is not None and "sliding_attention" not in types):
+        return None
+    return w
+
+
+def shared_length(model: Any, prompts: Sequence[Sequence[int]]) -> int:
+    """The prefix `greedy` computes once: `common_prefix`, or 0 where it would fill a sliding-window layer's cache
+    (that cache would then keep only the window's last keys before the batch's own tokens are run, and hooks
+    that address keys by their column, as chapter 8's sink intervention does, would see shifted columns)."""
+    n = common_prefix(prompts) if len(prompts) > 1 else 0
+    w = _window(model)
+    return 0 if w is not None and n >= w - 1 else n
+
+
 def _cache(model: Any):
     from transformers import DynamicCache
 
@@ -120,7 +139,7 @@ def greedy(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new
            share_prefix: bool = True) -> list[list[int]]:
     """New token ids of every prompt (input order): prompts batched longest first, the shared prefix run once."""
     device = next(model.parameters()).device
-    n_prefix = common_prefix(prompts) if share_prefix and len(prompts) > 1 else 0
+    n_prefix = shared_length(model, prompts) if share_prefix else 0
     states = prefix_states(model, prompts[0][:n_prefix], device) if n_prefix else []
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     out: list[list[int]] = [[] for _ in prompts]
