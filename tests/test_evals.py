@@ -489,7 +489,9 @@ def test_generation_equals_the_transformers_reference(arch, window, tok):
 
 
 def test_common_prefix_leaves_every_row_a_token():
-    from sinklib.evals.decode import common_prefix
+    from sinklib.evals.decode import balanced_width, common_prefix
+
+    assert [balanced_width(n, 32) for n in (72, 300, 16, 33, 0)] == [24, 30, 16, 17, 32]
 
     assert common_prefix([[1, 2, 3], [1, 2, 3]]) == 2
     assert common_prefix([[1, 2, 3, 4], [1, 2, 5]]) == 2

@@ -134,17 +134,27 @@ def decode(model: Any, tokenizer: Any, logits: torch.Tensor, cache: Any, mask: t
     return rows
 
 
+def balanced_width(n: int, batch_size: int) -> int:
+    """Rows per batch: as few batches as `batch_size` allows, of (nearly) equal widths (72 rows at 32: 24, 24, 24)."""
+    if n <= 0:
+        return max(1, batch_size)
+    batches = -(-n // batch_size)
+    return -(-n // batches)
+
+
 def greedy(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad: int,
            eos: Sequence[int], batch_size: int = GENERATION_BATCH_SIZE, stop: Sequence[str] = (),
            share_prefix: bool = True) -> list[list[int]]:
-    """New token ids of every prompt (input order): prompts batched longest first, the shared prefix run once."""
+    """New token ids of every prompt (input order): prompts batched longest first in batches of nearly equal
+    widths (at most `batch_size` rows), the shared prefix run once."""
     device = next(model.parameters()).device
     n_prefix = shared_length(model, prompts) if share_prefix else 0
     states = prefix_states(model, prompts[0][:n_prefix], device) if n_prefix else []
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     out: list[list[int]] = [[] for _ in prompts]
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
+    width = balanced_width(len(order), batch_size)
+    for b in range(0, len(order), width):
+        idx = order[b:b + width]
         logits, cache, mask, last = prime(model, [prompts[i] for i in idx], states, n_prefix, pad, device)
         for i, row in zip(idx, decode(model, tokenizer, logits, cache, mask, last, max_new_tokens, eos, stop)):
             out[i] = row
