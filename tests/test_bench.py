@@ -309,7 +309,32 @@ def test_committed_performance_page_matches_the_committed_results(tmp_path):
     if root is None or not (root / "data" / "results" / "bench_cpu.json").exists():
         pytest.skip("no committed benchmark results")
     bench.write_report(str(root / "data" / "results" / "bench_cpu.json"),
-                       str(root / "data" / "results" / "bench_gpu.json"), tmp_path)
-    for name in ("performance_table.md", "performance_gpu.md"):
+                       str(root / "data" / "results" / "bench_gpu.json"), tmp_path,
+                       str(root / "data" / "results" / "bench_eval.json"))
+    for name in ("performance_table.md", "performance_gpu.md", "performance_eval.md"):
         assert (tmp_path / "_generated" / name).read_text() == (root / "book" / "_generated" / name).read_text(), \
             f"book/_generated/{name} is stale: run `python -m sinklib.bench report`"
+
+
+def test_eval_rows_agreement_alternation_and_table():
+    """The evaluation benchmark's pieces (never its timings): agreement fractions, alternating rounds, the table."""
+    from sinklib.bench import report, speed
+
+    rows = [{"answer": "3"}, {"answer": "4"}]
+    a = speed.agreement("math", rows, ["The answer is 3.", "so 4"], ["The answer is 3.", "The answer is 4."])
+    assert a == {"n": 2, "same_answer": 0.5, "same_strict": 0.5, "same_lenient": 1.0}
+    calls = []
+    times, first = speed.alternating({"before": lambda: calls.append("b") or "B", "after": lambda: calls.append("a") or "A"}, 3)
+    assert calls == ["b", "a", "a", "b", "b", "a"] and first == {"before": "B", "after": "A"}
+    assert all(len(v) == 3 for v in times.values())
+    ev = {"part": "evaluation", "model": "m", "suite": "math", "n_items": 2, "median_s": 2.0, "items_per_s": 1.0,
+          "tokens_per_s": 5.0}
+    doc = {"results": {"rows": [{**ev, "code": "before", "batch": 8, "speedup": 1.0},
+                                {**ev, "code": "after", "batch": 32, "speedup": 2.5, "speedup_min": 2.0, "speedup_max": 3.0,
+                                 "agreement": a},
+                                {"part": "training", "model": "m", "suite": "stage1", "batch": 32, "threads": 2, "steps": 2,
+                                 "seconds_per_step": 1.5, "items_per_s": 21.3, "tokens_per_s": 500.0}]},
+           "parameters": {"repeats": 3}, "provenance": {}}
+    md = report.eval_markdown(doc)
+    assert "2.50 (2.00-3.00)" in md and "50 % / 50 % / 100 %" in md and "| m | stage1 | 32 | 2 | 2 | 1.50 |" in md
+    assert "Not measured yet" in report.eval_markdown(None)

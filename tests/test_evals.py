@@ -462,3 +462,37 @@ def test_paired_intervals_resample_items_together():
     assert 0 < lo <= hi and np.isfinite(hi)
     with pytest.raises(ParameterError, match="paired_ppl_ci"):
         paired_ppl_ci(nll, nll[:2], tok)
+
+
+@pytest.mark.parametrize("arch, window", [("llama", None), ("gemma3", 8), ("gemma3", 64)])
+def test_generation_equals_the_transformers_reference(arch, window, tok):
+    """sinklib.evals.decode (shared prefix run once, ended rows leave the batch) gives the answers of
+    transformers' generate, with prompts longer than Gemma-3's sliding window (8 here) and stop strings."""
+    from sinklib.core.models import tiny_model
+    from sinklib.evals import decode
+
+    kw = {"sliding_window": window, "final_logit_softcapping": 0.5} if window else {}
+    model = tiny_model(arch, seed=2, **kw).model
+    shots = "Q: one\nA: two\n\nQ: three\nA: four\n\n"
+    texts = [shots + f"Q: {q}\nA:" for q in ("x", "a longer question here", "mid one", "why", "z z z z")]
+    prompts = [lm.encode(tok, t, True) for t in texts]
+    assert decode.common_prefix(prompts) == len(lm.encode(tok, shots + "Q: ", True))
+    # a prefix longer than a sliding window is not shared (window 8); within it, it is (window 64)
+    assert decode.shared_length(model, prompts) == (0 if window == 8 else decode.common_prefix(prompts))
+    free = lm.hf_generate(model, tok, prompts, max_new_tokens=10, batch_size=5)
+    stop = next(f[1:3] for f in free if len(f) >= 3)
+    for st in ((), (stop,)):
+        want = lm.hf_generate(model, tok, prompts, max_new_tokens=10, batch_size=5, stop=st)
+        for bs in (2, 5):
+            for share in (True, False):
+                assert lm.generate(model, tok, prompts, 10, bs, st, share_prefix=share) == want, (bs, share, st)
+
+
+def test_common_prefix_leaves_every_row_a_token():
+    from sinklib.evals.decode import balanced_width, common_prefix
+
+    assert [balanced_width(n, 32) for n in (72, 300, 16, 33, 0)] == [24, 30, 16, 17, 32]
+
+    assert common_prefix([[1, 2, 3], [1, 2, 3]]) == 2
+    assert common_prefix([[1, 2, 3, 4], [1, 2, 5]]) == 2
+    assert common_prefix([[7], [1, 2]]) == 0 and common_prefix([]) == 0

@@ -189,3 +189,26 @@ def test_sink_from_the_mask_and_cached_decoding(arch):
         plain = lm.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=steps, do_sample=False,
                                   pad_token_id=0, eos_token_id=None)
     assert not torch.equal(plain, gen)  # the intervention changed some generated token
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_suites_decoder_under_the_intervention(arch):
+    """sinklib.evals.decode (shared prefix copied into the cache, ended rows dropped) under the intervention gives
+    transformers' generate's tokens under the same intervention."""
+    from sinklib.evals import decode
+
+    lm = tiny_model(arch, seed=5, **({"sliding_window": 64} if arch == "gemma3" else {}))
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(4, 100, (9,), generator=g).tolist()
+    prompts = [[1] + shared + torch.randint(4, 100, (n,), generator=g).tolist() for n in (3, 7, 1, 5)]
+    assert decode.shared_length(lm.model, prompts) == 10
+    heads, steps = {1: [0, 2], 3: [1]}, 6
+    with torch.no_grad(), intervene.sink_intervention(lm.model, heads, mode="remove"):
+        ids = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for r, p in enumerate(prompts):
+            ids[r, ids.shape[1] - len(p):], att[r, ids.shape[1] - len(p):] = torch.tensor(p), 1
+        want = lm.model.generate(input_ids=ids, attention_mask=att, max_new_tokens=steps, do_sample=False,
+                                 pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:].tolist()
+        got = decode.greedy(lm.model, None, prompts, steps, pad=0, eos=[], batch_size=4)
+    assert got == want

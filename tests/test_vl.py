@@ -415,3 +415,38 @@ def test_format_preserving_text_only_control():
     assert a["examples"] == b["examples"] and b["answer_tokens"] > a["answer_tokens"]  # same items, longer answers
     with pytest.raises(ParameterError, match="answer_style"):
         vl.train_text_only(tiny(), TOK, steps=1, batch_size=2, progress=False, answer_style="haiku")
+
+
+def test_training_does_not_depend_on_the_callers_thread_count(monkeypatch):
+    """train.run fixes torch's intra-op threads (train.TRAIN_THREADS), so two runs started under different
+    thread settings give bit-identical weights, and the caller's setting is restored afterwards."""
+    monkeypatch.delenv(train.THREADS_ENV, raising=False)
+    outer = torch.get_num_threads()
+    states, inside = [], []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            model = tiny(hidden_size=128, intermediate_size=512)
+            r = vl.train_vl(model, TOK, stage1_steps=2, stage2_steps=2, batch_size=8, lr_lm=1e-3, seed=0, progress=False,
+                            callback=lambda step, m: step and inside.append(torch.get_num_threads()), callback_every=1)
+            assert torch.get_num_threads() == n  # restored
+            states.append({**vl.clone_state_dict(model), **{f"p.{k}": v for k, v in r.projector.state_dict().items()}})
+    finally:
+        torch.set_num_threads(outer)
+    assert set(inside) == {train.TRAIN_THREADS}
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_training_threads_override_and_bad_values(monkeypatch):
+    seen = []
+    w = torch.nn.Parameter(torch.ones(3))
+    loss = lambda b: (w * w).sum()  # noqa: E731
+    monkeypatch.setenv(train.THREADS_ENV, "1")
+    train.run([{"params": [w], "lr": 0.1}], 1, lambda i: None, loss, after_step=lambda s: seen.append(torch.get_num_threads()))
+    train.run([{"params": [w], "lr": 0.1}], 1, lambda i: None, loss, threads=3,
+              after_step=lambda s: seen.append(torch.get_num_threads()))
+    assert seen == [1, 3]
+    monkeypatch.setenv(train.THREADS_ENV, "two")
+    with pytest.raises(SinkbookError, match=train.THREADS_ENV):
+        train.run([{"params": [w], "lr": 0.1}], 1, lambda i: None, loss)

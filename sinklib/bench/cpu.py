@@ -268,12 +268,12 @@ def save(out: str, results: dict, params: dict, models: list, seconds: float) ->
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sinklib.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="commands: cpu (default) | gpu | report")
-    ap.add_argument("command", nargs="?", default="cpu", choices=["cpu", "gpu", "report"])
+                                 epilog="commands: cpu (default) | gpu | eval (chapter 4's evaluation and training rows) | report")
+    ap.add_argument("command", nargs="?", default="cpu", choices=["cpu", "gpu", "eval", "report"])
     ap.add_argument("--models", nargs="+", help="cpu: embedded names or tiny-<arch> (default: both embedded); "
                     "gpu: qwen2.5-7b qwen3-8b olmo2-7b (default: all)")
     ap.add_argument("--lengths", nargs="+", type=int, help=f"prompt lengths T (default {' '.join(map(str, DEFAULT_LENGTHS))})")
-    ap.add_argument("--repeats", type=int, default=None, help="timed rounds after one warm-up round (default 3; --quick 1)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds after one warm-up round (default 2; --quick 1)")
     ap.add_argument("--min-seconds", type=float, default=None,
                     help="cpu: more rounds (up to 15) at lengths whose rounds are short, to last about this long "
                          f"(default {MIN_SECONDS:g}; --quick 0)")
@@ -288,10 +288,34 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", help="gpu: device (default auto)")
     ap.add_argument("--n-prompts", type=int, default=15, help="gpu: prompts per S (default 15)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="gpu: tokens per prompt (default 128)")
+    ap.add_argument("--items", nargs=2, type=int, metavar=("INSTRUCTIONS", "MATH"),
+                    help="eval: items of the two generation suites (default 16 24; --quick 2 2)")
+    ap.add_argument("--train-steps", type=int, default=None, help="eval: training steps per stage (default 2; --quick 1)")
     ap.add_argument("--cpu-results", default="bench_cpu", help="report: CPU results name or path")
     ap.add_argument("--gpu-results", default="bench_gpu", help="report: GPU results name or path")
     ap.add_argument("--book-dir", default=str(BOOK), help="report: the book folder to write _generated/ and _static/ into")
     return ap
+
+
+def _main_eval(a: argparse.Namespace, log: Callable[[str], None], t0: float) -> int:
+    from sinklib.bench.report import eval_markdown
+    from sinklib.bench.speed import run_eval
+
+    models = a.models or list(DEFAULT_MODELS)
+    n = dict(zip(("instructions", "math"), a.items or ((2, 2) if a.quick else (16, 24))))
+    repeats = a.repeats if a.repeats is not None else (1 if a.quick else 2)
+    steps = a.train_steps if a.train_steps is not None else (1 if a.quick else 2)
+    params = {"models": models, "items": n, "repeats": repeats, "train_steps": steps,
+              "torch_threads": torch.get_num_threads(), "profile": "quick" if a.quick else "bench"}
+    res, loaded = {"rows": []}, []
+    for name in models:  # saved after each model, so a stopped run keeps the models it finished
+        part, lm = run_eval([name], n, repeats, steps, log)
+        res = {"rows": res["rows"] + part["rows"], "threads": part["threads"]}
+        loaded += lm
+        path = save(a.out or "bench_eval", res, params, loaded, time.perf_counter() - t0)
+    print(eval_markdown(json.loads(path.read_text())))
+    print(f"saved {path}; now run: python -m sinklib.bench report", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -309,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = a.repeats if a.repeats is not None else (1 if a.quick else 3)
     if repeats < 1:
         raise ParameterError(f"--repeats must be >= 1, got {repeats}")
+    if a.command == "eval":
+        return _main_eval(a, log, t0)
     if a.command == "gpu":
         from sinklib.bench.gpu import run_gpu
 

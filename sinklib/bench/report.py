@@ -286,7 +286,40 @@ def plot_cpu(doc: dict, path: Path) -> Path:
     return path
 
 
-def write_report(cpu: str = "bench_cpu", gpu: str = "bench_gpu", book_dir: Path | None = None) -> list[Path]:
+def _eval_table(rows: list[dict]) -> str:
+    body = []
+    for r in rows:
+        a = r.get("agreement") or {}
+        speed = "1" if r["code"] == "before" else f"{r['speedup']:.2f} ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
+        body.append([r["model"], r["suite"], r["code"], str(r["batch"]), str(r["n_items"]), f"{r['median_s']:.1f}",
+                     f"{r['items_per_s']:.3f}", f"{r['tokens_per_s']:.1f}", speed,
+                     " / ".join(f"{100 * a[k]:.0f} %" for k in ("same_answer", "same_strict", "same_lenient")) if a else ""])
+    return _table(["model", "suite", "code", "rows per batch", "items", "median s", "items/s", "answer tokens/s",
+                   "speed-up (rounds)", "same answer / strict / lenient"], body)
+
+
+def eval_markdown(doc: dict | None) -> str:
+    """The evaluation and training rows (`sinklib.bench.speed`) as the page shows them."""
+    if doc is None:
+        return "*Not measured yet: run `python -m sinklib.bench eval`, then `python -m sinklib.bench report`.*\n"
+    rows, par, prov = doc["results"]["rows"], doc.get("parameters") or {}, doc.get("provenance") or {}
+    ev = [r for r in rows if r["part"] == "evaluation"]
+    tr = [r for r in rows if r["part"] == "training"]
+    out = [f"Measured on {prov.get('device', '?')} at {prov.get('utc', '?')} (git {str(prov.get('git_commit', '?'))[:12]}), "
+           f"{par.get('repeats', '?')} interleaved rounds per suite with the order alternating; the speed-up is the "
+           "median of the per-round ratios of seconds (before / after), with the smallest and largest in brackets.", "",
+           _eval_table(ev)]
+    if tr:
+        out += ["", _table(["model", "training stage", "batch", "torch threads", "steps", "s per step", "examples/s",
+                            "input positions/s"],
+                           [[r["model"], r["suite"], str(r["batch"]), str(r["threads"]), str(r["steps"]),
+                             f"{r['seconds_per_step']:.2f}", f"{r['items_per_s']:.1f}", f"{r['tokens_per_s']:.0f}"]
+                            for r in tr])]
+    return "\n".join(out) + "\n"
+
+
+def write_report(cpu: str = "bench_cpu", gpu: str = "bench_gpu", book_dir: Path | None = None,
+                 evals: str = "bench_eval") -> list[Path]:
     """Write the page's generated table (CPU), GPU section and figure from the saved results."""
     from sinklib.bench.timing import BOOK
     from sinklib.errors import ResultsMissing
@@ -304,5 +337,7 @@ def write_report(cpu: str = "bench_cpu", gpu: str = "bench_gpu", book_dir: Path 
     table.write_text(cpu_markdown(cdoc))
     gpu_md = gen / "performance_gpu.md"
     gpu_md.write_text(gpu_markdown(_load_doc(gpu)))
+    eval_md = gen / "performance_eval.md"
+    eval_md.write_text(eval_markdown(_load_doc(evals)))
     fig = plot_cpu(cdoc, book_dir / "_static" / "performance.png")
-    return [table, gpu_md, fig]
+    return [table, gpu_md, eval_md, fig]

@@ -8,11 +8,18 @@
         after_step(StepInfo)                     # history, budgets, callbacks
 
 The schedule is a linear warm-up over `warmup_frac` of the steps, then constant or cosine to 0.
+
+Threads: a CPU matmul splits its sums over torch's intra-op threads, so the same run with another thread count
+gives weights that differ in the last bits, and the differences grow over the steps. The loop therefore runs
+with a fixed thread count, `TRAIN_THREADS` (the count every cached training of the book was made with; the
+environment variable `SINKBOOK_TRAIN_THREADS` overrides it on a machine with more cores, at the price of
+weights that differ from those cached trainings), and restores the caller's count afterwards.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +31,9 @@ from sinklib.core import progress as _progress
 from sinklib.errors import SinkbookError
 
 SCHEDULES = ("constant", "cosine")
+#: torch intra-op threads of every training run (see the module docstring); not part of any cache key
+TRAIN_THREADS = 2
+THREADS_ENV = "SINKBOOK_TRAIN_THREADS"
 OPTIMIZER = "AdamW(betas=(0.9, 0.999), eps=1e-8)"
 
 
@@ -60,11 +70,19 @@ def run(param_groups: Sequence[dict], steps: int, batches: Callable[[int], Any],
         loss_fn: Callable[[Any], torch.Tensor | tuple[torch.Tensor, Any]], *, weight_decay: float = 0.0, warmup_frac: float = 0.0,
         schedule: str = "constant", max_grad_norm: float = 1.0, desc: str = "training", progress: bool = False,
         after_step: Callable[[StepInfo], None] | None = None,
-        on_nonfinite: Callable[[int, float], Exception] | None = None) -> float:
+        on_nonfinite: Callable[[int, float], Exception] | None = None, threads: int | None = None) -> float:
     """`steps` AdamW steps on `param_groups` (dicts with 'params' and 'lr'); returns seconds.
 
     `on_nonfinite(i, loss)` builds the error raised when a loss is NaN/inf (default: SinkbookError).
+    `threads`: torch threads of the run (default `train_threads()`), whatever the caller's setting.
     """
+    with fixed_threads(threads):
+        return _loop(param_groups, steps, batches, loss_fn, weight_decay, warmup_frac, schedule, max_grad_norm, desc,
+                     progress, after_step, on_nonfinite)
+
+
+def _loop(param_groups, steps, batches, loss_fn, weight_decay, warmup_frac, schedule, max_grad_norm, desc, progress,
+          after_step, on_nonfinite) -> float:
     from tqdm.auto import tqdm
 
     groups = [dict(g) for g in param_groups]
@@ -93,6 +111,28 @@ def run(param_groups: Sequence[dict], steps: int, batches: Callable[[int], Any],
             after_step(StepInfo(i, value, gnorm, lrs, time.perf_counter() - ts, batch, aux))
     bar.close()
     return time.perf_counter() - t0
+
+
+def train_threads() -> int:
+    """The thread count training runs with: `SINKBOOK_TRAIN_THREADS` when set, else `TRAIN_THREADS`."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return TRAIN_THREADS
+    if not raw.isdigit() or int(raw) < 1:
+        raise SinkbookError(f"environment variable {THREADS_ENV} is {raw!r}; allowed: a positive integer")
+    return int(raw)
+
+
+@contextlib.contextmanager
+def fixed_threads(n: int | None = None) -> Iterator[int]:
+    """Inside: torch uses `n` intra-op threads (default `train_threads()`); the caller's count is restored."""
+    n = train_threads() if n is None else int(n)
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(old)
 
 
 def _default_error(desc: str) -> Callable[[int, float], Exception]:

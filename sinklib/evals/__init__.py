@@ -30,6 +30,7 @@ from sinklib.evals import grading, items, lm
 from sinklib.evals.grading import (bootstrap_ppl_interval, grade_instructions, grade_math, parse_answer_lenient,
     parse_answer_strict, wilson_interval)
 from sinklib.evals.items import generate_math_items
+from sinklib.evals.decode import GENERATION_BATCH_SIZE
 from sinklib.evals.lm import PROMPT_STYLES, continuation_logprobs, document_nll, generate, resolve_prompt_style
 
 SOURCES = ("local", "ifeval")
@@ -123,11 +124,11 @@ def _shots(rows: list[dict], n_shots: int | None) -> list[dict]:
     return rows[:n_shots]
 
 
-def _run_instructions(model, tok, rows, *, style, batch_size, max_new_tokens, n_shots, **_):
+def _run_instructions(model, tok, rows, *, style, gen_batch_size, max_new_tokens, n_shots, **_):
     shots = _shots(items.load_instruction_fewshot(), n_shots)
     enc = [instruction_prompt(tok, r["prompt"], style, shots) for r in rows]
     stop = enc[0][1] if enc else ()
-    responses = generate(model, tok, [e[0] for e in enc], max_new_tokens, batch_size, stop)
+    responses = generate(model, tok, [e[0] for e in enc], max_new_tokens, gen_batch_size, stop)
     per, strict, lenient, inst_s, inst_l = [], [], [], [], []
     for r, resp in zip(rows, responses):
         resp = resp.strip()
@@ -141,11 +142,11 @@ def _run_instructions(model, tok, rows, *, style, batch_size, max_new_tokens, n_
     return per, out
 
 
-def _run_math(model, tok, rows, *, style, batch_size, max_new_tokens, n_shots, **_):
+def _run_math(model, tok, rows, *, style, gen_batch_size, max_new_tokens, n_shots, **_):
     shots = _shots(items.load_math_fewshot(), n_shots)
     enc = [math_prompt(tok, r["question"], style, shots) for r in rows]
     stop = enc[0][1] if enc else ()
-    responses = generate(model, tok, [e[0] for e in enc], max_new_tokens, batch_size, stop)
+    responses = generate(model, tok, [e[0] for e in enc], max_new_tokens, gen_batch_size, stop)
     per = []
     for r, resp in zip(rows, responses):
         resp = resp.strip()
@@ -228,7 +229,7 @@ def _unpack(model: Any, tokenizer: Any) -> tuple[Any, Any]:
 
 def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_items: int | None = None,
               seed: int = 0, batch_size: int = 8, max_new_tokens: int | None = None, prompt_style: str = "auto",
-              source: str = "local", n_shots: int | None = None) -> SuiteResult:
+              source: str = "local", n_shots: int | None = None, gen_batch_size: int = GENERATION_BATCH_SIZE) -> SuiteResult:
     """Run one suite on a causal LM and grade it.
 
     model: a transformers causal LM (or a ``sinklib.core.models.Loaded``; then tokenizer may be None).
@@ -239,7 +240,8 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
     the likelihood suites use plain text under 'auto', as lm-eval does). source: 'local' (items in
     data/evals) or 'ifeval' (instructions suite only: the real google/IFEval prompts, needs network;
     the same lm-eval checkers grade them). n_shots: worked examples in the prompt (default per suite
-    and style, see ``SUITES``).
+    and style, see ``SUITES``). batch_size: sequences per pass of the likelihood suites; gen_batch_size: rows
+    decoded together by the generation suites (`sinklib.evals.decode`).
     """
     check_choice("suite", suite, list(SUITES))
     check_choice("prompt_style", prompt_style, PROMPT_STYLES)
@@ -249,6 +251,7 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
                              f"suite {suite!r} allows source='local'")
     seed = check_int("seed", seed)
     batch_size = check_int("batch_size", batch_size, 1)
+    gen_batch_size = check_int("gen_batch_size", gen_batch_size, 1)
     if n_items is not None:
         n_items = check_int("n_items", n_items, 1)
     spec = SUITES[suite]
@@ -272,15 +275,15 @@ def run_suite(model: Any, tokenizer: Any = None, suite: str = "instructions", n_
     model.eval()
     progress.report(f"evaluating {suite}", 0, len(rows))  # side channel ($SINKBOOK_PROGRESS), not the page
     try:
-        per, out = spec["run"](model, tok, rows, style=style, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                               n_shots=n_shots, seed=seed)
+        per, out = spec["run"](model, tok, rows, style=style, batch_size=batch_size, gen_batch_size=gen_batch_size,
+                               max_new_tokens=max_new_tokens, n_shots=n_shots, seed=seed)
     finally:
         if was_training:
             model.train()
     settings = {"prompt_style": style, "source": source, "seed": seed, "n_items_requested": n_items,
                 "n_available": len(all_rows), "batch_size": batch_size}
     if spec["kind"] == "generation":
-        settings.update(max_new_tokens=max_new_tokens, n_shots=n_shots, decoding="greedy")
+        settings.update(max_new_tokens=max_new_tokens, n_shots=n_shots, decoding="greedy", gen_batch_size=gen_batch_size)
     return SuiteResult(suite=suite, n=len(rows), scores={k: float(v[0]) for k, v in out.items()},
                        ci={k: (float(v[1][0]), float(v[1][1])) for k, v in out.items()}, per_item=per,
                        seconds=time.perf_counter() - t0, settings=settings)

@@ -16,6 +16,7 @@ import torch
 
 from sinklib.core.anatomy import apply_softcap, decoder, lm_head, pad_batch, pad_token_id, positions, softcap
 from sinklib.errors import ParameterError
+from sinklib.evals.decode import GENERATION_BATCH_SIZE, greedy
 
 PROMPT_STYLES = ("chat", "plain", "auto")
 
@@ -113,10 +114,36 @@ def _rows_done(tokenizer: Any, prompt_len: int, stop: Sequence[str], input_ids: 
     return done
 
 
+def _texts(tokenizer: Any, rows: Sequence[Sequence[int]], eos: Sequence[int], stop: Sequence[str]) -> list[str]:
+    """Generated ids -> text: cut at the first EOS id, decoded without special tokens, cut at a stop string."""
+    out = []
+    for row in rows:
+        cut = next((j for j, t in enumerate(row) if t in eos), len(row))
+        out.append(truncate_at_stop(tokenizer.decode(list(row[:cut]), skip_special_tokens=True), stop))
+    return out
+
+
 @torch.inference_mode()
 def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             batch_size: int = GENERATION_BATCH_SIZE, stop: Sequence[str] = (), share_prefix: bool = True) -> list[str]:
+    """Greedy decoding of token-id prompts in left-padded batches with the KV cache (`sinklib.evals.decode`).
+
+    Each row stops at an EOS / end-of-turn token, at a stop string, or after ``max_new_tokens``, and leaves
+    its batch when it stops. Prompts are batched in order of length (less padding); the token prefix they all
+    share is computed once (``share_prefix``). Answers come back in input order, decoded without special
+    tokens and cut at the first stop string.
+    """
+    eos = stop_token_ids(tokenizer, model)
+    rows = greedy(model, tokenizer, prompts, int(max_new_tokens), pad_id(tokenizer, model), eos,
+                  batch_size=batch_size, stop=stop, share_prefix=share_prefix)
+    return _texts(tokenizer, rows, eos, stop)
+
+
+@torch.inference_mode()
+def hf_generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              batch_size: int = 8, stop: Sequence[str] = ()) -> list[str]:
-    """Greedy decoding of token-id prompts in left-padded batches with the KV cache.
+    """Greedy decoding through `transformers`' `generate` in left-padded batches with the KV cache: the
+    reference that `generate` is checked and benchmarked against (rows stay in the batch until all end).
 
     Each row stops at an EOS / end-of-turn token, at a stop string, or after ``max_new_tokens``.
     Prompts are batched in order of length (less padding) and answers returned in input order,
