@@ -45,20 +45,24 @@ def _size(spec: ModelSpec) -> str:
 
 
 def markdown(folder: Path | None = None) -> str:
-    """The table: one row per embedded model."""
+    """A short table (one row per embedded model: what it is), then each model's files, packages and checksum as a
+    list under its name (long hashes and package names do not fit a table in the book's column)."""
     recorded = recorded_checksums(folder)
-    rows = ["| name | upstream model | what it is | QK-norm | quantisation | GGUF file | packages (extra) | "
-            "sha256 of the GGUF file | licence |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| name | upstream model | what it is | QK-norm | quantisation | licence |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    files = []
     for spec in MODELS.values():
         if spec.parts is not None:
             pk = (f"`{spec.parts.packages[0]}` ... `{spec.parts.packages[-1]}` =={spec.parts.version} "
-                  f"(`{spec.extra}`)")
+                  f"(extra `{spec.extra}`)")
         else:
-            pk = ", ".join(f"`{p}`" for p in spec.packages) + f" (`{spec.extra}`)"
+            pk = ", ".join(f"`{p}`" for p in spec.packages) + f" (extra `{spec.extra}`)"
         file = f"`{spec.gguf_file}`" + (f", {_size(spec)}" if spec.parts else "")
         rows.append(f"| `{spec.name}` | `{spec.hub_id}` | {spec.tuning} | {spec.qk_norm} | {spec.quantisation} | "
-                    f"{file} | {pk} | {_checksum(spec, recorded)} | {spec.license} |")
-    return "\n".join(rows) + "\n"
+                    f"{spec.license} |")
+        files.append(f"`{spec.name}`\n: GGUF file {file}; packages {pk}; sha256 of the GGUF file "
+                     f"{_checksum(spec, recorded)}\n")
+    return "\n".join(rows) + "\n\n" + "\n".join(files)
 
 
 def write(out: Path | None = None) -> Path:
