@@ -119,6 +119,9 @@ def test_emergence_step_applies_the_stated_rule():
          {"step": 50, "S": -1.5, "sink03": 1.0}, {"step": 75, "S": -0.9, "sink03": 0.5}, {"step": 100, "S": 0.0, "sink03": 1.0}]
     assert bt.emergence_step(h) == 75           # step 25: no head above 0.3; step 50: S up by only 1.5
     assert bt.emergence_step(h[:3]) is None
+    assert bt.stable_step(h) == 75
+    flicker = h + [{"step": 125, "S": 0.0, "sink03": 0.0}]
+    assert bt.emergence_step(flicker) == 75 and bt.stable_step(flicker) is None
 
 
 def test_training_is_cached_and_records_every_check(cache_tmp):
@@ -166,18 +169,18 @@ def test_items_put_the_description_or_image_after_the_first_token():
 
 def test_settings_parse_and_grid():
     assert sp.parse_setting("base") == {}
-    assert sp.parse_setting("weight_decay=0.5,bos=resampled") == {"weight_decay": 0.5, "bos": "resampled"}
+    assert sp.parse_setting("weight_decay:0.5,bos:resampled") == {"weight_decay": 0.5, "bos": "resampled"}
     with pytest.raises(ParameterError, match="settings"):
         sp.parse_setting("nonsense")
     with pytest.raises(ParameterError, match="settings"):
-        sp.parse_setting("variant=none")
-    g = sp.model_grid(["none", "per_head"], ["base", "lr=0.001"], [0, 1], TINY)
+        sp.parse_setting("variant:none")
+    g = sp.model_grid(["none", "per_head"], ["base", "lr:0.001"], [0, 1], TINY)
     assert len(g) == 8 and len({x["name"] for x in g}) == 8
     assert g[-1]["params"]["lr"] == 0.001 and g[-1]["params"]["seed"] == 1
 
 
 def test_panel_tables_statistics_and_causal(cache_tmp):
-    g = sp.model_grid(["none", "per_head", "layerwise"], ["base", "weight_decay=0.5"], [0], TINY)
+    g = sp.model_grid(["none", "per_head", "layerwise"], ["base", "weight_decay:0.5"], [0], TINY)
     base = sp.base_table(g)
     assert len(base) == 6 and base["S"].notna().all()
     adapted = sp.adapt_table(g, TINY_ADAPT)

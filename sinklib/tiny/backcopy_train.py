@@ -156,6 +156,16 @@ def emergence_step(history: list[Mapping]) -> int | None:
     return None
 
 
+def stable_step(history: list[Mapping]) -> int | None:
+    """The first checked step from which the rule holds at every later check (the sink stays), or None.
+    Added after the first pilot showed Sink_0.3 flickering around its threshold (chapter 9 says so)."""
+    s0, out = history[0]["S"], None
+    for row in history:
+        ok = row["S"] - s0 >= RULE["s_rise"] and row["sink03"] >= RULE["sink03"]
+        out = (out if out is not None else int(row["step"])) if ok else None
+    return out
+
+
 def train_backcopy(params: Mapping | None = None, need_model: bool = True) -> tuple[dict, bc.BackcopyLM | None]:
     """(record, model) of one run, cached: the record as JSON (``cache.cached_json``, folder 'backcopy'), the
     weights beside it. With need_model=False a cached record is returned without reading the weights."""

@@ -1,8 +1,9 @@
 """Chapter 9's panel: Bigram-Backcopy models in three QK-norm variants at settings that move the sink, their
 miniature VL adaptation, the test of the claim with chapter 5's statistics, and chapter 8's causal check.
 
-A setting is a string ``"name"`` or ``"knob=value,knob=value"`` over the training parameters of
-``backcopy_train.TRAIN_DEFAULTS`` (``"base"`` = the defaults): e.g. ``"weight_decay=0.5"``, ``"bos=resampled"``.
+A setting is a string ``"base"`` (the defaults of ``backcopy_train.TRAIN_DEFAULTS``) or ``"knob:value,knob:value"``
+over those training parameters: e.g. ``"weight_decay:0.5"``, ``"bos:resampled"`` (a colon, not '=', so that
+papermill can parse the notebook's parameters cell).
 """
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ RULE_TASK, KNOW_TASK = "rule loss", "knowledge loss"
 
 
 def parse_setting(setting: str) -> dict:
-    """'base' -> {}; 'lr=0.001,bos=resampled' -> {'lr': 0.001, 'bos': 'resampled'} (numbers parsed)."""
+    """'base' -> {}; 'lr:0.001,bos:resampled' -> {'lr': 0.001, 'bos': 'resampled'} (numbers parsed)."""
     if setting == "base":
         return {}
     out: dict = {}
     for part in setting.split(","):
-        if "=" not in part:
-            raise ParameterError(f"parameter 'settings' got {setting!r}; allowed: 'base' or 'knob=value,...'")
-        k, val = (s.strip() for s in part.split("=", 1))
+        if ":" not in part:
+            raise ParameterError(f"parameter 'settings' got {setting!r}; allowed: 'base' or 'knob:value,...'")
+        k, val = (s.strip() for s in part.split(":", 1))
         if k not in bt.TRAIN_DEFAULTS or k in ("variant", "seed"):
             raise ParameterError(f"parameter 'settings' names {k!r}; allowed: {', '.join(bt.TRAIN_DEFAULTS)}")
         out[k] = type(bt.TRAIN_DEFAULTS[k])(val) if not isinstance(bt.TRAIN_DEFAULTS[k], str) else val
@@ -61,7 +62,8 @@ def base_table(grid: Sequence[Mapping]) -> pd.DataFrame:
         f = rec["final"]
         rows.append({"model": g["name"], "variant": g["variant"], "setting": g["setting"], "seed": g["seed"],
                      "S": f["S"], "sink03": f["sink03"], "top_head": f["top_head"],
-                     "emergence_step": rec["emergence_step"], "rule_acc": 100 * f["rule_acc"],
+                     "emergence_step": rec["emergence_step"], "holds_from": bt.stable_step(rec["history"]),
+                     "rule_acc": 100 * f["rule_acc"],
                      "know_acc": 100 * f["know_acc"], "know_ppl": f["know_ppl"], "seconds": rec["seconds"]})
     return pd.DataFrame(rows)
 
@@ -175,3 +177,168 @@ def causal_table(grid: Sequence[Mapping], seed: int = 0) -> pd.DataFrame:
 def torch_threads(n: int = 1) -> None:
     """One torch thread (the 2-core machine is shared; DEVELOPING.md)."""
     torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------------------------
+# the pilot: every try, its table and its figure
+
+
+def pilot_records(tries: Sequence[str], variants: Sequence[str], common: Mapping) -> list[dict]:
+    """One cached training record per (try, variant); a try is a setting string (see ``parse_setting``)."""
+    out = []
+    for t in tries:
+        for v in variants:
+            rec, _ = bt.train_backcopy({**dict(common), **parse_setting(t), "variant": v}, need_model=False)
+            out.append({"try": t, **rec})
+    return out
+
+
+def pilot_table(records: Sequence[Mapping]) -> pd.DataFrame:
+    """Per (try, variant): S at step 0 and at the end, Sink_0.3, the strongest head's first-token mass, the
+    dormant (non-trigger query) mass of each head, the skills, the emergence step and whether the rule holds."""
+    rows = []
+    for r in records:
+        h0, f = r["history"][0], r["final"]
+        row = {"try": r["try"], "variant": r["params"]["variant"], "S step 0": h0["S"], "S end": f["S"],
+               "Sink_0.3": f["sink03"], "strongest head": f["top_head"],
+               "dormant per head": ", ".join(f"{m:.2f}" for layer in f["dormant"] for m in layer),
+               "rule acc %": 100 * f["rule_acc"], "knowledge acc %": 100 * f["know_acc"],
+               "BOS hidden-norm ratio": f["bos_hidden_ratio"][-1], "emergence step": r["emergence_step"],
+               "holds from step": bt.stable_step(r["history"]),
+               "sink formed": bt.stable_step(r["history"]) is not None, "seconds": r["seconds"]}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def history_frame(records: Sequence[Mapping]) -> pd.DataFrame:
+    """Every check of every pilot run, flat (``backcopy_train.history_rows``), with the mean dormant mass."""
+    rows = [row for r in records for row in bt.history_rows(r, r["try"])]
+    df = pd.DataFrame(rows)
+    cols = [c for c in df.columns if c.startswith("dormant L")]
+    df["dormant mean"] = df[cols].mean(axis=1)
+    return df
+
+
+def emergence_figure(hist: pd.DataFrame, try_: str):
+    """Three panels against training step, one line per variant: S, the mean first-token attention of the
+    non-trigger queries, and the backcopy (rule) loss."""
+    import matplotlib.pyplot as plt
+
+    d = hist[hist["try"] == try_]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    specs = (("S", "S (log-odds of first-token mass)"), ("dormant mean", "first-token attention, non-trigger queries"),
+             ("rule_loss", "backcopy loss (nats)"))
+    for ax, (col, label) in zip(axes, specs):
+        for v, g in d.groupby("variant", sort=False):
+            ax.plot(g["step"], g[col], marker="o", ms=2.5, label=v)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+    axes[0].legend(title="QK-norm")
+    fig.suptitle(f"Sink emergence along training (pilot try '{try_}')")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------
+# verdicts and parameters
+
+CONTRADICTED, NOT_TESTED = "contradicted", "not tested (precondition failed)"
+
+
+def claim_verdict(test: Mapping, sign: int, precondition: bool) -> str:
+    """'not tested' when the precondition failed; 'inconclusive' when rho is undefined or its bootstrap interval
+    contains 0; else 'reproduced' when rho has the predicted sign, 'contradicted' when the opposite."""
+    from ..verdicts import INCONCLUSIVE, REPRODUCED
+
+    if not precondition:
+        return NOT_TESTED
+    if "rho" not in test or not np.isfinite(test.get("lo", np.nan)) or test["lo"] <= 0 <= test["hi"]:
+        return INCONCLUSIVE
+    return REPRODUCED if np.sign(test["rho"]) == sign else CONTRADICTED
+
+
+def _chapter9_params() -> dict:
+    from ..params import COMMON, boolean, choice, integer, list_of, number, text
+
+    return {"variants": list_of(choice(bc.VARIANTS)), "pilot_tries": list_of(text()), "pilot_steps": integer(1),
+            "check_every": integer(1), "batch": integer(1), "eval_n": integer(1), "settings": list_of(text()),
+            "seeds": list_of(integer(0)), "panel_steps": integer(1), "stage1_steps": integer(1),
+            "stage2_steps": integer(1), "lr_lm": number(0.0, 1.0), "vqa_n": integer(10), "n_perm": integer(99),
+            "n_boot": integer(99), "threads": integer(1, 64), "run_panel": boolean(), **COMMON}
+
+
+#: the parameters of chapter 9 (one `validate` call in the notebook)
+CHAPTER9_PARAMS = _chapter9_params()
+
+
+# ---------------------------------------------------------------------------------------
+# sentences the chapter glues (computed, never typed)
+
+
+def pilot_sentence(table: pd.DataFrame) -> str:
+    """Which try made the sink form in every variant, with the emergence steps, or that none did."""
+    tries = list(dict.fromkeys(table["try"]))
+    for i, t in enumerate(tries):
+        d = table[table["try"] == t]
+        if d["sink formed"].all():
+            steps = ", ".join(f"{r['variant']} first at step {int(r['emergence step'])}, for good from step "
+                              f"{int(r['holds from step'])}" for _, r in d.iterrows())
+            knob = ("no knob had to change: the first recipe formed it" if i == 0
+                    else f"the knob changed in try '{t}' (against '{tries[i - 1]}') made it form")
+            return f"the sink formed in every variant under try '{t}' ({steps}); {knob}"
+    formed = table[table["sink formed"]]
+    part = (", ".join(f"{r['variant']} under '{r['try']}'" for _, r in formed.iterrows()) or "no model")
+    return f"no try formed the sink in every variant (formed: {part})"
+
+
+def spread_table(base: pd.DataFrame) -> pd.DataFrame:
+    """S and Sink_0.3 per variant: n, min, max, range of S, the settings at the extremes."""
+    rows = []
+    for v, g in base.groupby("variant", sort=False):
+        lo, hi = g.loc[g["S"].idxmin()], g.loc[g["S"].idxmax()]
+        rows.append({"variant": v, "models": len(g), "S min": lo["S"], "S max": hi["S"], "S range": hi["S"] - lo["S"],
+                     "lowest at": lo["setting"], "highest at": hi["setting"],
+                     "Sink_0.3 min": g["sink03"].min(), "Sink_0.3 max": g["sink03"].max(),
+                     "with a sink": int((g["holds_from"].notna()).sum())})
+    return pd.DataFrame(rows)
+
+
+def band_sentence(base: pd.DataFrame, col: str, lo: float = 20.0, hi: float = 95.0) -> str:
+    """How many base models score inside [lo, hi] % on `col`, with the observed range."""
+    inside = int(base[col].between(lo, hi).sum())
+    return (f"{inside} of {len(base)} models inside {lo:.0f}-{hi:.0f} % "
+            f"(observed {base[col].min():.1f}-{base[col].max():.1f} %)")
+
+
+def condition_summary(adapted: pd.DataFrame) -> pd.DataFrame:
+    """Mean over models per condition of S, Sink_0.3, rule and knowledge accuracy, perplexity, task accuracy."""
+    cols = ["S", "sink03", "rule_acc", "know_acc", "know_ppl", "task_acc", "majority"]
+    out = adapted.groupby("condition", sort=False)[cols].mean()
+    out["task learned"] = adapted.groupby("condition", sort=False)["learned"].apply(
+        lambda s: f"{int(s.fillna(False).astype(bool).sum())}/{int(s.notna().sum())}" if s.notna().any() else "")
+    return out.reset_index()
+
+
+def test_sentence(t: Mapping, verdict: str) -> str:
+    """rho, p, interval, LOPO and the architecture test of ``claim_test`` in words."""
+    if "error" in t or "rho" not in t:
+        return f"{verdict}: not computable on this panel ({t.get('error', 'no statistics')})"
+    lopo = ""
+    if "lopo_mae" in t:
+        better = "better" if t["lopo_mae"] < t["const_mae"] else "no better"
+        lopo = (f"; leave-one-model-out error {t['lopo_mae']:.1f} points against {t['const_mae']:.1f} for the "
+                f"constant ({better})")
+    arch = ""
+    if "within_p" in t:
+        arch = f"; within-variant permutation p = {t['within_p']:.3f}, nested F-test p = {t['f_p']:.3f}"
+    return (f"{verdict}: rho = {t['rho']:+.2f} (n = {t['n']}, permutation p = {t['p']:.3f}, bootstrap 95 % "
+            f"interval [{t['lo']:+.2f}, {t['hi']:+.2f}]){lopo}{arch}")
+
+
+def causal_summary(ct: pd.DataFrame) -> pd.DataFrame:
+    """Mean rule and knowledge change per intervention, with the number of models."""
+    if ct.empty:
+        return ct
+    return ct.groupby("intervention", sort=False).agg(models=("model", "count"), rule=("rule change", "mean"),
+                                                      knowledge=("knowledge change", "mean"),
+                                                      same_heads=("same_heads", "sum")).reset_index()
