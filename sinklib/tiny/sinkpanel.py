@@ -43,9 +43,9 @@ def parse_setting(setting: str) -> dict:
 
 def model_grid(variants: Sequence[str], settings: Sequence[str], seeds: Sequence[int], common: Mapping) -> list[dict]:
     """One entry per model: {'name', 'variant', 'setting', 'seed', 'params'} (params: training parameters)."""
-    grid = []
-    for setting in settings:
-        for seed in seeds:
+    grid = []  # seeds outermost: a panel cut short still holds every setting and variant of the first seeds
+    for seed in seeds:
+        for setting in settings:
             for variant in variants:
                 p = bt.train_params(**{**dict(common), **parse_setting(setting), "variant": variant, "seed": int(seed)})
                 grid.append({"name": f"{variant}|{setting}|s{seed}", "variant": variant, "setting": setting,
@@ -203,7 +203,7 @@ def pilot_table(records: Sequence[Mapping]) -> pd.DataFrame:
                "Sink_0.3": f["sink03"], "strongest head": f["top_head"],
                "dormant per head": ", ".join(f"{m:.2f}" for layer in f["dormant"] for m in layer),
                "rule acc %": 100 * f["rule_acc"], "knowledge acc %": 100 * f["know_acc"],
-               "BOS hidden-norm ratio": f["bos_hidden_ratio"][-1], "emergence step": r["emergence_step"],
+               "BOS value-norm ratio": f["bos_value_ratio"][-1], "BOS hidden-norm ratio": f["bos_hidden_ratio"][-1], "emergence step": r["emergence_step"],
                "holds from step": bt.stable_step(r["history"]),
                "sink formed": bt.stable_step(r["history"]) is not None, "seconds": r["seconds"]}
         rows.append(row)
