@@ -203,3 +203,15 @@ def test_sink_heads_and_causal_removal_on_a_forced_sink(cache_tmp):
     none = sp._measure_under(m, p, None, "remove")
     removed = sp._measure_under(m, p, {0: [0, 1]}, "remove")
     assert m.plans == {} and set(none) == set(removed) == {"rule_acc", "know_acc", "know_ppl"}
+
+
+def test_verdicts_follow_the_stated_rule():
+    strong = {"rho": -0.8, "p": 0.001, "lo": -0.95, "hi": -0.5}
+    assert sp.claim_verdict(strong, -1, True) == "reproduced"
+    assert sp.claim_verdict(strong, +1, True) == sp.CONTRADICTED
+    assert sp.claim_verdict(strong, -1, False) == sp.NOT_TESTED
+    assert sp.claim_verdict({**strong, "p": 0.3}, -1, True) == "inconclusive"          # too few models
+    assert sp.claim_verdict({**strong, "hi": 0.1}, -1, True) == "inconclusive"         # interval contains 0
+    assert sp.claim_verdict({"error": "constant"}, -1, True) == "inconclusive"
+    assert sp.null_verdict(strong, True).startswith("a relation")
+    assert sp.null_verdict({**strong, "hi": 0.1}, True).startswith("no relation")

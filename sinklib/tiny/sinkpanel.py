@@ -245,16 +245,31 @@ def emergence_figure(hist: pd.DataFrame, try_: str):
 CONTRADICTED, NOT_TESTED = "contradicted", "not tested (precondition failed)"
 
 
-def claim_verdict(test: Mapping, sign: int, precondition: bool) -> str:
-    """'not tested' when the precondition failed; 'inconclusive' when rho is undefined or its bootstrap interval
-    contains 0; else 'reproduced' when rho has the predicted sign, 'contradicted' when the opposite."""
+def _no_signal(test: Mapping, alpha: float) -> bool:
+    """rho undefined, its bootstrap interval containing 0, or its permutation p at or above alpha."""
+    return ("rho" not in test or not np.isfinite(test.get("lo", np.nan)) or test["lo"] <= 0 <= test["hi"]
+            or not test["p"] < alpha)
+
+
+def claim_verdict(test: Mapping, sign: int, precondition: bool, alpha: float = 0.05) -> str:
+    """'not tested' when the precondition failed; 'inconclusive' when rho is undefined, its bootstrap interval
+    contains 0 or its permutation p >= alpha (too few models); else 'reproduced' when rho has the predicted
+    sign, 'contradicted' when the opposite."""
     from ..verdicts import INCONCLUSIVE, REPRODUCED
 
     if not precondition:
         return NOT_TESTED
-    if "rho" not in test or not np.isfinite(test.get("lo", np.nan)) or test["lo"] <= 0 <= test["hi"]:
+    if _no_signal(test, alpha):
         return INCONCLUSIVE
     return REPRODUCED if np.sign(test["rho"]) == sign else CONTRADICTED
+
+
+def null_verdict(test: Mapping, precondition: bool, alpha: float = 0.05) -> str:
+    """For a prediction of *no* relation (knowledge): 'no relation found, as predicted' or 'a relation,
+    against the prediction' (the same signal rule as ``claim_verdict``)."""
+    if not precondition:
+        return NOT_TESTED
+    return "no relation found, as predicted" if _no_signal(test, alpha) else "a relation, against the prediction"
 
 
 def _chapter9_params() -> dict:
