@@ -215,3 +215,25 @@ def test_verdicts_follow_the_stated_rule():
     assert sp.claim_verdict({"error": "constant"}, -1, True) == "inconclusive"
     assert sp.null_verdict(strong, True).startswith("a relation")
     assert sp.null_verdict({**strong, "hi": 0.1}, True).startswith("no relation")
+
+
+def test_chapter9_parameters_are_the_schema():
+    """The chapter's parameters cell declares exactly the parameters CHAPTER9_PARAMS checks, with valid defaults,
+    and every profile's settings parse."""
+    import json
+    from pathlib import Path
+
+    from sinklib import book
+    from sinklib.params import validate
+
+    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks/09_sink_panel.ipynb").read_text())
+    cell = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    ns: dict = {}
+    exec("".join(cell[0]["source"]), ns)
+    ns = {k: v for k, v in ns.items() if not k.startswith("__")}
+    assert set(ns) == set(sp.CHAPTER9_PARAMS)
+    assert validate(sp.CHAPTER9_PARAMS, ns) == ns
+    for prof in book.PROFILE_NAMES:
+        values = {**ns, **book.load_profile("09_sink_panel", prof)}
+        for s in values["settings"] + values["pilot_tries"]:
+            sp.parse_setting(s)
