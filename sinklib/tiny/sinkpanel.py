@@ -219,22 +219,25 @@ def history_frame(records: Sequence[Mapping]) -> pd.DataFrame:
     return df
 
 
-def emergence_figure(hist: pd.DataFrame, try_: str):
-    """Three panels against training step, one line per variant: S, the mean first-token attention of the
-    non-trigger queries, and the backcopy (rule) loss."""
+def emergence_figure(hist: pd.DataFrame):
+    """One row of three panels per pilot try, against training step, one line per variant: S, the mean
+    first-token attention of the non-trigger queries, and the backcopy (rule) loss."""
     import matplotlib.pyplot as plt
 
-    d = hist[hist["try"] == try_]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    specs = (("S", "S (log-odds of first-token mass)"), ("dormant mean", "first-token attention, non-trigger queries"),
+    tries = list(dict.fromkeys(hist["try"]))
+    fig, axes = plt.subplots(len(tries), 3, figsize=(12, 3.2 * len(tries)), squeeze=False)
+    specs = (("S", "S (log-odds)"), ("dormant mean", "first-token attention,\nnon-trigger queries"),
              ("rule_loss", "backcopy loss (nats)"))
-    for ax, (col, label) in zip(axes, specs):
-        for v, g in d.groupby("variant", sort=False):
-            ax.plot(g["step"], g[col], marker="o", ms=2.5, label=v)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(label)
-    axes[0].legend(title="QK-norm")
-    fig.suptitle(f"Sink emergence along training (pilot try '{try_}')")
+    for row, t in zip(axes, tries):
+        d = hist[hist["try"] == t]
+        for ax, (col, label) in zip(row, specs):
+            for v, g in d.groupby("variant", sort=False):
+                ax.plot(g["step"], g[col], marker="o", ms=2.5, label=v)
+            ax.set_xlabel("training step")
+            ax.set_ylabel(label)
+            ax.set_title(f"try '{t}'", fontsize=9)
+    axes[0][0].legend(title="QK-norm")
+    fig.suptitle("Sink emergence along training, pilot")
     fig.tight_layout()
     return fig
 
