@@ -549,6 +549,52 @@ def _tiny_beyond(res):
     return Row(ours, v, "two-sided within-variant permutation test at 5 %")
 
 
+CH9 = "09_sink_panel"
+
+
+def _sink_panel(res) -> tuple[dict, str, str]:
+    """Chapter 9's results, its sink precondition as text, and the failed precondition ('' when none): fewer than
+    half of the panel's base models still have a sink at the end of training (chapter 9's stated rule)."""
+    r = res(CH9)["results"]
+    base = r.get("base") or []
+    n_sink = sum(b.get("holds_from") is not None for b in base)
+    text = f"{n_sink} of {len(base)} panel models have a sink by chapter 9's rule"
+    failed = "" if base and n_sink >= len(base) / 2 else f"precondition: only {text}"
+    return r, text, failed
+
+
+@claim("7f", "S predicts the format-like loss on a panel whose models form a sink (chapter 9: Bigram-Backcopy "
+       "models, the backcopy rule lost under miniature VL adaptation)", ("rho_ifeval_6",), CH9,
+       "ρ = {rho_ifeval_6:.3f} on six real pairs")
+def _sink_panel_predicts(res):
+    r, ctx, failed = _sink_panel(res)
+    t, word = r["tests"].get("rule loss", {}), r["verdicts"].get("rule loss", "")
+    if t.get("rho") is None:
+        return Row((f"no ρ: {t.get('error', 'not computed')}", ctx), INCONCLUSIVE, "too few models or a constant side")
+    ours = (f"ρ(S, rule loss) = {num(t['rho'], 2)} [{num(t['lo'], 2)}, {num(t['hi'], 2)}] (n = {t['n']}, "
+            f"p = {t['p']:.2g}; the paper predicts ρ < 0 for a loss)", ctx)
+    if word.startswith("not tested"):
+        return Row(ours, NOT_REPRODUCED, "precondition failed: fewer than half of the VL models learned the image task")
+    v = {"reproduced": REPRODUCED, "contradicted": NOT_REPRODUCED}.get(word, INCONCLUSIVE)
+    if failed:
+        return Row(ours, INCONCLUSIVE, f"{failed}; the test alone would say {v}")
+    return Row(ours, v, "bootstrap interval and permutation p of ρ (chapter 9's rule)")
+
+
+@claim("7g", "S adds to the QK-norm architecture on a panel whose models form a sink (chapter 9)", (), CH9)
+def _sink_panel_beyond(res):
+    r, ctx, failed = _sink_panel(res)
+    t = r["tests"].get("rule loss", {})
+    if t.get("within_p") is None or t.get("partial_rho") is None:
+        return Row(("architecture test not computed", ctx), INCONCLUSIVE, t.get("error") or "too few models")
+    ours = (f"partial ρ of S given the variant = {num(t['partial_rho'], 2)}, within-variant permutation p = "
+            f"{t['within_p']:.2g}; nested F-test p = {t['f_p']:.2g} (n = {t['n']})", ctx)
+    v = INCONCLUSIVE if not t["within_p"] < 0.05 else REPRODUCED if t["partial_rho"] < 0 else NOT_REPRODUCED
+    if failed:
+        return Row(ours, INCONCLUSIVE, f"{failed}; the test alone would say {v}")
+    return Row(ours, v, "two-sided within-variant permutation test at 5 % (a loss: the paper predicts ρ < 0)")
+
+
 @claim("8a", "Injecting QK-RMSNorm after pretraining fails", ("inject_ifeval_before", "inject_ifeval_after"), CH6,
        "IFEval {inject_ifeval_before:.1f} → {inject_ifeval_after:.0f}")
 def _inject(res):
