@@ -347,7 +347,7 @@ def test_sentence(t: Mapping, verdict: str) -> str:
         lopo = (f"; leave-one-model-out error {t['lopo_mae']:.1f} points against {t['const_mae']:.1f} for the "
                 f"constant ({better})")
     arch = ""
-    if "within_p" in t:
+    if t.get("within_p") is not None and np.isfinite(t["within_p"]):
         arch = f"; within-variant permutation p = {t['within_p']:.3f}, nested F-test p = {t['f_p']:.3f}"
     return (f"{verdict}: rho = {t['rho']:+.2f} (n = {t['n']}, permutation p = {t['p']:.3f}, bootstrap 95 % "
             f"interval [{t['lo']:+.2f}, {t['hi']:+.2f}]){lopo}{arch}")
@@ -360,3 +360,19 @@ def causal_summary(ct: pd.DataFrame) -> pd.DataFrame:
     return ct.groupby("intervention", sort=False).agg(models=("model", "count"), rule=("rule change", "mean"),
                                                       knowledge=("knowledge change", "mean"),
                                                       same_heads=("same_heads", "sum")).reset_index()
+
+
+def protect_sentence(df: pd.DataFrame) -> str:
+    """Prediction 3 (per-head QK-norm protects): the variants ordered by mean rule loss under VL, in words."""
+    m = df.groupby("qk_norm", sort=False)[RULE_TASK].mean().sort_values()
+    order = ", ".join(f"{k} {v:+.1f}" for k, v in m.items())
+    held = m.index[0] == "per_head"
+    return (f"mean rule loss by variant, smallest first: {order} points; per-head QK-norm "
+            f"{'has' if held else 'does not have'} the smallest loss")
+
+
+def conditions_sentence(adapted: pd.DataFrame) -> str:
+    """Mean rule and knowledge accuracy and S per condition, in words."""
+    s = adapted.groupby("condition", sort=False)[["rule_acc", "know_acc", "S"]].mean()
+    return "; ".join(f"{c}: rule {r['rule_acc']:.1f} %, knowledge {r['know_acc']:.1f} %, S {r['S']:.2f}"
+                     for c, r in s.iterrows())
