@@ -237,3 +237,11 @@ def test_chapter9_parameters_are_the_schema():
         values = {**ns, **book.load_profile("09_sink_panel", prof)}
         for s in values["settings"] + values["pilot_tries"]:
             sp.parse_setting(s)
+
+
+def test_control_heads_avoid_the_sink_heads_when_they_can():
+    assert sp.control_heads({0: [1]}, 1, 2, seed=0) == {0: [0]}
+    for seed in range(5):
+        got = sp.control_heads({0: [0], 1: [1]}, 2, 2, seed=seed)
+        assert sum(len(v) for v in got.values()) == 2 and 0 not in got.get(0, []) and 1 not in got.get(1, [])
+    assert sp.control_heads({0: [0, 1]}, 1, 2, seed=0) == {0: [0, 1]}   # nothing else left: drawn from all

@@ -21,7 +21,7 @@ from . import backcopy as bc
 from . import backcopy_adapt as ba
 from . import backcopy_train as bt
 
-_VERSION = 1
+_VERSION = 2  # 2: the random heads are drawn outside the sink heads where enough remain
 #: the panel's task columns: points lost from base to VL (positive = a loss)
 RULE_TASK, KNOW_TASK = "rule loss", "knowledge loss"
 
@@ -136,6 +136,21 @@ def sink_heads(mass: Sequence[Sequence[float]], eps: float = bt.SINK_EPS) -> dic
     return out
 
 
+def control_heads(heads: Mapping[int, Sequence[int]], n_layers: int, n_heads: int, seed: int) -> dict[int, list[int]]:
+    """As many random heads as `heads` holds, drawn among the other heads when at least that many remain (with two
+    heads a draw from all heads would often be the sink head itself), else among all heads
+    (``sinklib.intervene.random_heads``)."""
+    k = sum(len(v) for v in heads.values())
+    others = [(l, h) for l in range(n_layers) for h in range(n_heads) if h not in heads.get(l, [])]
+    if len(others) < k:
+        return random_heads(list(range(n_layers)), n_heads, k, seed=seed)
+    idx = np.random.default_rng(seed).choice(len(others), size=k, replace=False)
+    out: dict[int, list[int]] = {}
+    for l, h in sorted(others[i] for i in idx):
+        out.setdefault(l, []).append(h)
+    return out
+
+
 def _causal(p: dict, seed: int) -> dict:
     rec, model = bt.train_backcopy(p)
     heads = sink_heads(rec["final"]["mass"])
@@ -143,7 +158,7 @@ def _causal(p: dict, seed: int) -> dict:
     out = {"sink_heads": {str(l): h for l, h in heads.items()}, "k": k, "none": _measure_under(model, p, None, "remove")}
     if k == 0:
         return out
-    rnd = random_heads(list(range(model.cfg.n_layers)), model.cfg.n_heads, k, seed=seed)
+    rnd = control_heads(heads, model.cfg.n_layers, model.cfg.n_heads, seed)
     out["random_heads"] = {str(l): h for l, h in rnd.items()}
     out["remove"] = _measure_under(model, p, heads, "remove")
     out["random"] = _measure_under(model, p, rnd, "remove")
