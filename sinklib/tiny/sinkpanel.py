@@ -317,7 +317,7 @@ def pilot_sentence(table: pd.DataFrame) -> str:
             steps = ", ".join(f"{r['variant']} first at step {int(r['emergence step'])}, for good from step "
                               f"{int(r['holds from step'])}" for _, r in d.iterrows())
             knob = ("no knob had to change: the first recipe formed it" if i == 0
-                    else f"the knob changed in try '{t}' (against '{tries[i - 1]}') made it form")
+                    else f"the one knob changed in try '{t}' (against the first recipe) made it form")
             return f"the sink formed in every variant under try '{t}' ({steps}); {knob}"
     formed = table[table["sink formed"]]
     part = (", ".join(f"{r['variant']} under '{r['try']}'" for _, r in formed.iterrows()) or "no model")
