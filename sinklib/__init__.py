@@ -45,7 +45,7 @@ NOTEBOOK_NAMES: dict[str, str] = {
     "panel": "sinklib.stats.panel", "architecture": "sinklib.stats.architecture", "verdicts": "sinklib.stats.verdicts",
     "power": "sinklib.evals.power", "paired": "sinklib.evals.paired",
     "merge": "sinklib.controls.merge", "inject": "sinklib.controls.inject",
-    "intervene": "sinklib.causal.intervene", "repair": "sinklib.causal.repair",
+    "intervene": "sinklib.core.intervene", "repair": "sinklib.causal.repair",
     "reported": "sinklib.book.reported", "course": "sinklib.book.course", "compare": "sinklib.book.compare",
     # the functions every chapter uses
     "validate": "sinklib.core.params:validate", "load_prompts": "sinklib.core.data:load_prompts",

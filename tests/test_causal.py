@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib.causal import suites as causal, intervene
+from sinklib.causal import suites as causal
+from sinklib.core import intervene
 from sinklib import evals
 from sinklib.errors import ParameterError
 from sinklib.evals.grading import mcnemar_exact

@@ -234,8 +234,23 @@ def ch8_repair(loss_hi, sink_lo, random_lo=-5.0, other_lo=-5.0, sink_hi=10.0):
 
 C1, C2, C3, C4, C5, C6 = ("01_sink_definition", "02_sink_strength", "03_perturbation_bound", "04_vl_adaptation",
                           "05_panel_correlations", "06_negative_controls")
-C7, C8 = "07_controlled_panel", "08_causal_tests"
+C7, C8, C9 = "07_controlled_panel", "08_causal_tests", "09_sink_panel"
+
+
+def ch9(rho=(-0.7, -0.9, -0.4, 0.001), word="reproduced", sinks=1.0, partial=(-0.6, 0.01)):
+    base = [{"holds_from": 100 if i < round(18 * sinks) else None} for i in range(18)]
+    t = {"n": 18, "rho": rho[0], "lo": rho[1], "hi": rho[2], "p": rho[3], "within_p": partial[1],
+         "partial_rho": partial[0], "f_p": 0.02}
+    return _doc({"base": base, "tests": {"rule loss": t}, "verdicts": {"rule loss": word}}, models=())
+
+
 CASES = [
+    ("7f", {C9: ch9()}, REPRODUCED), ("7f", {C9: ch9(rho=(0.7, 0.4, 0.9, 0.001), word="contradicted")}, CONTRADICTED),
+    ("7f", {C9: ch9(word="not tested (precondition failed)")}, NOT_TESTED),
+    ("7f", {C9: ch9(rho=(-0.2, -0.6, 0.3, 0.4), word="inconclusive")}, INCONCLUSIVE),
+    ("7f", {C9: ch9(sinks=0.2)}, NOT_TESTED),                                       # no sink: precondition
+    ("7g", {C9: ch9()}, REPRODUCED), ("7g", {C9: ch9(partial=(0.6, 0.01))}, CONTRADICTED),
+    ("7g", {C9: ch9(partial=(-0.6, 0.3))}, INCONCLUSIVE), ("7g", {C9: ch9(sinks=0.0)}, NOT_TESTED),
     ("1", {C1: ch1(0.6)}, REPRODUCED), ("1", {C1: ch1(0.03)}, CONTRADICTED), ("1", {C1: ch1(0.2)}, INCONCLUSIVE),
     ("2a", {C2: ch2(1.0)}, REPRODUCED), ("2a", {C2: ch2(4.0)}, CONTRADICTED), ("2a", {C2: ch2(2.0)}, INCONCLUSIVE),
     ("3", {C2: ch2()}, REPRODUCED), ("3", {C2: ch2(margin=-0.05)}, CONTRADICTED),

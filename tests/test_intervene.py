@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sinklib.causal import intervene
+from sinklib.core import intervene
 from sinklib.core import sink
 from sinklib.errors import ParameterError
 from sinklib.core.models import tiny_model

@@ -1,4 +1,4 @@
-"""Chapter 8's causal tests: the sink intervention through the attention registry (`intervene`), suites
+"""Chapter 8's causal tests (the sink intervention itself is `sinklib.core.intervene`): suites
 evaluated under an intervention with dose plans and the BOS ablation (`suites`), head-wise repair of an
 adapted model (`repair`)."""
 from sinklib.causal.suites import (CAUSAL_VERSION, CHAPTER8_PARAMS, CONTROLS, FIRST_TOKENS, FirstToken,

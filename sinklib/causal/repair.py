@@ -91,7 +91,7 @@ def restore_other_rows(adapted: StateDict, base: StateDict, target_norm: float, 
 
 def heads_by_mass_change(base_mass, adapted_mass, layers: Sequence[int], k: int) -> dict[int, list[int]]:
     """The `k` (layer, head) pairs of `layers` whose sink mass [L, H] moved most (|adapted - base|) under adaptation."""
-    from sinklib.causal.intervene import top_heads
+    from sinklib.core.intervene import top_heads
 
     return top_heads(np.abs(np.asarray(adapted_mass, float) - np.asarray(base_mass, float)), layers, k)
 
@@ -117,7 +117,7 @@ def repair_plans(adapted: StateDict, base: StateDict, base_mass, adapted_mass, l
     (k heads drawn with `seed`), 'other rows' (rows outside W_Q/W_K restored to the sink heads' restored norm).
     -> rows {control, heads ({layer: [head]} or {}), state, restored_norm, share (of ||adapted - base|| over
     all tensors)}."""
-    from sinklib.causal.intervene import random_heads
+    from sinklib.core.intervene import random_heads
 
     shape = {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     total = sum(float((adapted[k_].float() - base[k_].float()).pow(2).sum()) for k_ in adapted

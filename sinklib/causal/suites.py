@@ -1,4 +1,4 @@
-"""Chapter 8's causal tests, on top of `sinklib.causal.intervene`: the text suites evaluated with
+"""Chapter 8's causal tests, on top of `sinklib.core.intervene`: the text suites evaluated with
 chosen sink heads ablated (cached by their parameters, per-item outcomes kept), paired tests of every change
 against the unablated model (exact McNemar for pass/fail metrics, a paired bootstrap interval for every
 metric), and the dose-response plan with its two controls at each dose: the same number of random heads,
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sinklib import evals
-from sinklib.causal import intervene
+from sinklib.core import intervene
 from sinklib.core.cache import cached_json
 from sinklib.errors import ParameterError
 from sinklib.evals.items import fingerprint

@@ -1,7 +1,7 @@
 """The claims page: one row per claim of the paper, its reported value, ours and a verdict, all computed.
 
 `CLAIMS` lists every claim, in the page's order; each lives in the module of the chapter whose results it reads
-(``ch1_3``, ``ch4``, ``ch5_7``, ``ch6``, ``ch8``; the machinery is in ``core``). ``python -m sinklib.claims`` writes
+(``ch1_3``, ``ch4``, ``ch5_7``, ``ch6``, ``ch8``, ``ch9``; the machinery is in ``core``). ``python -m sinklib.claims`` writes
 ``book/_generated/claims_table.md`` with the bottom line and the other findings beside it (``sinklib.claims.findings``;
 ``--check`` only compares); a later chapter adds its claims to its module with
 ``@claim(...)`` and lists them here.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sinklib.claims import ch1_3, ch4, ch5_7, ch6, ch8, findings
+from sinklib.claims import ch1_3, ch4, ch5_7, ch6, ch8, ch9, findings
 from sinklib.claims.core import Claim, default_path, evaluate, render
 
 CLAIMS: tuple[Claim, ...] = (
@@ -35,6 +35,8 @@ CLAIMS: tuple[Claim, ...] = (
     ch5_7.rho_17,                 # 7c
     ch5_7.tiny_predicts,          # 7d
     ch5_7.tiny_beyond,            # 7e
+    ch9.sink_panel_predicts,      # 7f
+    ch9.sink_panel_beyond,        # 7g
     ch6.injection,                # 8a
     ch6.no_recovery,              # 8b
     ch6.most_merges_worse,        # 8c

@@ -1,0 +1,247 @@
+"""Chapter 9: the Bigram-Backcopy corpus, the minimal block's three QK-norm variants, training with the sink
+measured, the miniature adaptation, the panel and the causal check (tiny sizes, a few steps)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sinklib.errors import ParameterError
+from sinklib.tiny import backcopy as bc
+from sinklib.tiny import backcopy_adapt as ba
+from sinklib.tiny import backcopy_train as bt
+from sinklib.tiny import sinkpanel as sp
+
+V = bc.Vocab()
+TINY = {"steps": 3, "check_every": 2, "batch": 4, "length": 32, "eval_n": 4, "d_model": 32}
+TINY_ADAPT = {"stage1_steps": 2, "stage2_steps": 2, "vqa_n": 12, "batch": 4, "caption_len": 8}
+
+
+@pytest.fixture()
+def cache_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _seqs(share=0.27, bos="fixed", n=64, length=128, seed=0):
+    trans = bc.transitions(V, 0.1, 0)
+    return bc.sequences(trans, V, n, length, share, bos, np.random.default_rng(seed))
+
+
+def test_sequences_follow_the_backcopy_rule_and_bos_occurs_only_first():
+    x = _seqs()
+    assert (x[:, 0] == bc.BOS).all() and not (x[:, 1:] == bc.BOS).any()
+    trig = (x >= V.triggers.start) & (x < V.triggers.stop)
+    i, j = np.nonzero(trig)
+    assert (j >= 2).all() and (j < x.shape[1] - 1).all()
+    assert (x[i, j + 1] == x[i, j - 1]).all()                       # the copy of the token before the trigger
+    assert not (trig[:, :-1] & trig[:, 1:]).any()                   # a copy is never a trigger
+    assert abs(trig.mean() - 0.27) < 0.03
+    assert x.max() < V.answer                                       # adaptation tokens never occur in pretraining
+
+
+def test_share_zero_has_no_triggers_and_resampled_bos_starts_with_a_chain_token():
+    x = _seqs(share=0.0, bos="resampled")
+    assert ((x >= 1) & (x <= V.n_chain)).all()
+    with pytest.raises(ParameterError, match="bos"):
+        _seqs(bos="sometimes")
+
+
+def test_sequences_are_seeded():
+    assert (_seqs(seed=3) == _seqs(seed=3)).all() and not (_seqs(seed=3) == _seqs(seed=4)).all()
+
+
+def test_roles_mark_rule_knowledge_and_dormant_positions():
+    ids = torch.tensor([[bc.BOS, 5, V.triggers.start, 5, 7]])
+    r = bc.roles(ids, V)
+    assert r["rule"].tolist() == [[False, False, True, False]]
+    assert r["knowledge"].tolist() == [[False, False, False, True]]
+    assert r["dormant"].tolist() == [[False, True, False, True]]
+
+
+@pytest.mark.parametrize("variant", bc.VARIANTS)
+def test_explicit_attention_equals_sdpa_and_rows_sum_to_one(variant):
+    m = bc.build(variant, bc.block_config(d_model=32, n_heads=2, context=16), seed=1)
+    ids = torch.from_numpy(_seqs(n=2, length=16))
+    with torch.no_grad():
+        m.keep_probs(True)
+        a = m(ids)
+        m.keep_probs(False)
+        b = m(ids)
+    torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-5)
+    p = a.probs[0]
+    torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+    assert torch.triu(p[0, 0], diagonal=1).abs().max() == 0        # causal
+
+
+def test_variants_differ_only_in_qk_norm_gains_and_per_head_differs_from_layerwise():
+    cfg = bc.block_config(d_model=32, n_heads=2, context=16)
+    models = {v: bc.build(v, cfg, seed=0) for v in bc.VARIANTS}
+    shapes = {v: {k: tuple(t.shape) for k, t in m.state_dict().items()} for v, m in models.items()}
+    assert {k for k in shapes["per_head"] if k not in shapes["none"]} == {"blocks.0.attn.q_norm.weight",
+                                                                         "blocks.0.attn.k_norm.weight"}
+    assert shapes["per_head"]["blocks.0.attn.q_norm.weight"] == (16,)
+    assert shapes["layerwise"]["blocks.0.attn.q_norm.weight"] == (32,)
+    for k, t in models["none"].state_dict().items():
+        torch.testing.assert_close(t, models["per_head"].state_dict()[k])
+    ids = torch.from_numpy(_seqs(n=2, length=16))
+    with torch.no_grad():  # with two heads the two normalisations give different maps
+        assert not torch.allclose(models["per_head"](ids).probs[0], models["layerwise"](ids).probs[0])
+
+
+def test_a_sequence_longer_than_the_context_is_a_clear_error():
+    m = bc.build("none", bc.block_config(d_model=16, n_heads=2, context=8))
+    with pytest.raises(ParameterError, match="context"):
+        m(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_measure_on_a_hand_built_sink():
+    """A model whose q is zero attends uniformly; S and Sink_0.3 follow the book's definitions."""
+    m = bc.build("none", bc.block_config(d_model=16, n_heads=2, context=8))
+    with torch.no_grad():
+        m.blocks[0].attn.qkv.weight[:16].zero_()
+        m.blocks[0].attn.qkv.bias.zero_()
+    ids = torch.from_numpy(_seqs(n=2, length=8))
+    r = bt.measure(m, ids, V)
+    expect = np.mean([1 / (t + 1) for t in range(1, 8)])              # uniform over t+1 keys, queries 1..7
+    assert np.allclose(r["mass"], expect, atol=1e-6)
+    assert math.isclose(r["S"], math.log(expect / (1 - expect)), rel_tol=1e-5)
+    assert r["sink03"] == 0.0
+    with torch.no_grad():                                             # keys that only position 0 matches
+        m.plans = {0: {"heads": torch.tensor([True, False]), "mode": "remove"}}
+        r2 = bt.measure(m, ids, V)
+        m.plans = {}
+    assert r2["mass"][0][0] == 0.0 and np.isclose(r2["mass"][0][1], expect)
+
+
+def test_emergence_step_applies_the_stated_rule():
+    h = [{"step": 0, "S": -3.0, "sink03": 0.0}, {"step": 25, "S": -0.5, "sink03": 0.0},
+         {"step": 50, "S": -1.5, "sink03": 1.0}, {"step": 75, "S": -0.9, "sink03": 0.5}, {"step": 100, "S": 0.0, "sink03": 1.0}]
+    assert bt.emergence_step(h) == 75           # step 25: no head above 0.3; step 50: S up by only 1.5
+    assert bt.emergence_step(h[:3]) is None
+    assert bt.stable_step(h) == 75
+    flicker = h + [{"step": 125, "S": 0.0, "sink03": 0.0}]
+    assert bt.emergence_step(flicker) == 75 and bt.stable_step(flicker) is None
+
+
+def test_training_is_cached_and_records_every_check(cache_tmp):
+    rec, model = bt.train_backcopy({"variant": "per_head", **TINY})
+    assert [h["step"] for h in rec["history"]] == [0, 2, 3]
+    assert model is not None and rec["history"][-1]["train_loss"] > 0
+    rec2, none = bt.train_backcopy({"variant": "per_head", **TINY}, need_model=False)
+    assert rec2 == rec and none is None
+    rec3, m3 = bt.train_backcopy({"variant": "per_head", **TINY})
+    for k, t in model.state_dict().items():
+        torch.testing.assert_close(t, m3.state_dict()[k])
+    with pytest.raises(ParameterError, match="unknown"):
+        bt.train_params(lr_typo=1)
+
+
+def test_training_lowers_the_loss(cache_tmp):
+    rec, _ = bt.train_backcopy({"variant": "none", **TINY, "steps": 80, "check_every": 80, "lr": 3e-3, "batch": 16,
+                                "length": 64, "d_model": 64, "eval_n": 8})
+    first, last = rec["history"][0], rec["history"][-1]
+    assert last["know_ppl"] < 0.8 * first["know_ppl"]              # held-out bigram perplexity falls
+
+
+def test_adaptation_conditions_and_random_control_norm(cache_tmp):
+    res = ba.adapt({"variant": "layerwise", **TINY}, TINY_ADAPT)
+    assert set(res) == set(ba.CONDITIONS)
+    assert 0 <= res["vl"]["task"]["acc"] <= 100 and "learned" in res["text_only"]["task"]
+    assert res["base"]["rule_acc"] != res["random"]["rule_acc"] or res["base"]["know_ppl"] != res["random"]["know_ppl"]
+    assert ba.adapt({"variant": "layerwise", **TINY}, TINY_ADAPT) == res
+
+
+def test_items_put_the_description_or_image_after_the_first_token():
+    base = bt.train_params(**TINY)
+    a = ba.adapt_params(**TINY_ADAPT)
+    it = ba.items(base, a, 3, np.random.default_rng(0))
+    t = it["text"]
+    assert (t[:, 0] == bc.BOS).all() and (t[:, -2] == V.answer).all()
+    assert (t[:, -1] - V.labels.start == it["label"]).all()
+    assert (t[:, 1:1 + a["n_prefix"]] - V.descriptions.start == it["label"][:, None]).all()
+    m = bc.build("none", bt.config_of(base))
+    proj = ba.Projector(a["d_img"], m.cfg.d_model, a["n_prefix"])
+    e = ba.embeds(m, proj, it)
+    assert e.shape == (3, t.shape[1] - 1, m.cfg.d_model)
+    torch.testing.assert_close(e[:, 1:1 + a["n_prefix"]], proj(it["image"]))
+
+
+def test_settings_parse_and_grid():
+    assert sp.parse_setting("base") == {}
+    assert sp.parse_setting("weight_decay:0.5,bos:resampled") == {"weight_decay": 0.5, "bos": "resampled"}
+    with pytest.raises(ParameterError, match="settings"):
+        sp.parse_setting("nonsense")
+    with pytest.raises(ParameterError, match="settings"):
+        sp.parse_setting("variant:none")
+    g = sp.model_grid(["none", "per_head"], ["base", "lr:0.001"], [0, 1], TINY)
+    assert len(g) == 8 and len({x["name"] for x in g}) == 8
+    assert g[-1]["params"]["lr"] == 0.001 and g[-1]["params"]["seed"] == 1
+
+
+def test_panel_tables_statistics_and_causal(cache_tmp):
+    g = sp.model_grid(["none", "per_head", "layerwise"], ["base", "weight_decay:0.5"], [0], TINY)
+    base = sp.base_table(g)
+    assert len(base) == 6 and base["S"].notna().all()
+    adapted = sp.adapt_table(g, TINY_ADAPT)
+    assert len(adapted) == 6 * len(ba.CONDITIONS)
+    df = sp.panel_frame(adapted)
+    b = adapted[adapted.condition == "base"].set_index("model")
+    c = adapted[adapted.condition == "vl"].set_index("model")
+    assert np.allclose(df[sp.KNOW_TASK], (b["know_acc"] - c["know_acc"]).to_numpy())
+    out = sp.claim_test(df, sp.KNOW_TASK, n_perm=99, n_boot=99)
+    assert out["n"] == 6 and ("rho" in out or "error" in out)
+    ct = sp.causal_table(g)
+    assert set(ct.columns) >= {"model", "intervention"} or ct.empty
+
+
+def test_sink_heads_and_causal_removal_on_a_forced_sink(cache_tmp):
+    assert sp.sink_heads([[0.9, 0.1], [0.2, 0.31]]) == {0: [0], 1: [1]}
+    p = bt.train_params(variant="none", **TINY)
+    bt.train_backcopy(p)
+    m = bt.load_model(p)
+    none = sp._measure_under(m, p, None, "remove")
+    removed = sp._measure_under(m, p, {0: [0, 1]}, "remove")
+    assert m.plans == {} and set(none) == set(removed) == {"rule_acc", "know_acc", "know_ppl"}
+
+
+def test_verdicts_follow_the_stated_rule():
+    strong = {"rho": -0.8, "p": 0.001, "lo": -0.95, "hi": -0.5}
+    assert sp.claim_verdict(strong, -1, True) == "reproduced"
+    assert sp.claim_verdict(strong, +1, True) == sp.CONTRADICTED
+    assert sp.claim_verdict(strong, -1, False) == sp.NOT_TESTED
+    assert sp.claim_verdict({**strong, "p": 0.3}, -1, True) == "inconclusive"          # too few models
+    assert sp.claim_verdict({**strong, "hi": 0.1}, -1, True) == "inconclusive"         # interval contains 0
+    assert sp.claim_verdict({"error": "constant"}, -1, True) == "inconclusive"
+    assert sp.null_verdict(strong, True).startswith("a relation")
+    assert sp.null_verdict({**strong, "hi": 0.1}, True).startswith("no relation")
+
+
+def test_chapter9_parameters_are_the_schema():
+    """The chapter's parameters cell declares exactly the parameters CHAPTER9_PARAMS checks, with valid defaults,
+    and every profile's settings parse."""
+    import json
+    from pathlib import Path
+
+    from sinklib.book import runner as book
+    from sinklib.core.params import validate
+
+    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks/09_sink_panel.ipynb").read_text())
+    cell = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    ns: dict = {}
+    exec("".join(cell[0]["source"]), ns)
+    ns = {k: v for k, v in ns.items() if not k.startswith("__")}
+    assert set(ns) == set(sp.CHAPTER9_PARAMS)
+    assert validate(sp.CHAPTER9_PARAMS, ns) == ns
+    for prof in book.PROFILE_NAMES:
+        values = {**ns, **book.load_profile("09_sink_panel", prof)}
+        for s in values["settings"] + values["pilot_tries"]:
+            sp.parse_setting(s)
+
+
+def test_control_heads_avoid_the_sink_heads_when_they_can():
+    assert sp.control_heads({0: [1]}, 1, 2, seed=0) == {0: [0]}
+    for seed in range(5):
+        got = sp.control_heads({0: [0], 1: [1]}, 2, 2, seed=seed)
+        assert sum(len(v) for v in got.values()) == 2 and 0 not in got.get(0, []) and 1 not in got.get(1, [])
+    assert sp.control_heads({0: [0, 1]}, 1, 2, seed=0) == {0: [0, 1]}   # nothing else left: drawn from all
