@@ -18,13 +18,14 @@ def test_generated_table_is_fresh_and_in_the_book():
     assert "_generated/models_table.md" in (ROOT / "book" / "models.md").read_text()
 
 
-def test_every_model_has_a_row_with_a_checksum_and_a_licence(tmp_path):
+def test_every_model_has_a_row_with_a_licence_and_an_entry_with_its_checksum(tmp_path):
     table = models_page.markdown(ROOT / "data" / "results")
     for name, spec in models.MODELS.items():
         row = next(l for l in table.splitlines() if l.startswith(f"| `{name}` |"))
         assert spec.license and spec.tuning and spec.license in row and spec.quantisation in row
         sha = spec.parts.sha256 if spec.parts else models_page.recorded_checksums(ROOT / "data" / "results")[name][0]
-        assert f"`{sha}`" in row
+        files = table.split(f"`{name}`\n: ", 1)[1].split("\n", 1)[0]   # the model's entry under the table
+        assert f"`{sha}`" in files and spec.gguf_file in files
     # without recorded results the unpinned models say so instead of showing a stale value
     assert "not recorded yet (run chapter 1)" in models_page.markdown(tmp_path)
     assert "AWQ" in models.MODELS["qwen2.5-coder-0.5b"].quantisation

@@ -15,8 +15,8 @@ def _sink_panel(res) -> tuple[dict, str, str]:
     r = res(CH9)["results"]
     base = r.get("base") or []
     n_sink = sum(b.get("holds_from") is not None for b in base)
-    text = f"{n_sink} of {len(base)} panel models have a sink by chapter 9's rule"
-    failed = "" if base and n_sink >= len(base) / 2 else f"precondition failed: only {text}"
+    text = f"{n_sink} of {len(base)} panel models have a sink by chapter 9's rule."
+    failed = "" if base and n_sink >= len(base) / 2 else f"precondition failed: only {text[:-1]}"
     if not failed and str(r.get("verdicts", {}).get("rule loss", "")).startswith("not tested"):
         failed = "precondition failed: fewer than half of the VL models learned the image task"
     return r, text, failed
@@ -33,7 +33,7 @@ def sink_panel_predicts(res):
                    *decide(None, not_tested=failed, too_small="too few models or a constant side"))
     e = Est(t["rho"], t["lo"], t["hi"])
     ours = (f"ρ(S, rule loss) = {est(e, 2)} (bootstrap, n = {t['n']}, permutation p = {t['p']:.2g}; the paper "
-            "predicts ρ < 0: lower S, larger loss)", ctx)
+            "predicts ρ < 0: lower S, larger loss).", ctx)
     return Row(ours, *decide(e, -1, quantity="the bootstrap interval of ρ", not_tested=failed))
 
 
@@ -45,7 +45,7 @@ def sink_panel_beyond(res):
         return Row(("architecture test not computed", ctx),
                    *decide(None, not_tested=failed, too_small=t.get("error") or "too few models"))
     ours = (f"partial ρ of S given the variant = {num(t['partial_rho'], 2)}, within-variant permutation p = "
-            f"{t['within_p']:.2g}; nested F-test p = {t['f_p']:.2g} (n = {t['n']})", ctx)
+            f"{t['within_p']:.2g}; nested F-test p = {t['f_p']:.2g} (n = {t['n']}).", ctx)
     if not t["within_p"] < 0.05:
         return Row(ours, *decide(None, not_tested=failed, too_small="within-variant permutation p is 0.05 or more"))
     x = t["partial_rho"]
