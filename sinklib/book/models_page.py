@@ -48,8 +48,7 @@ def markdown(folder: Path | None = None) -> str:
     """A short table (one row per embedded model: what it is), then each model's files, packages and checksum as a
     list under its name (long hashes and package names do not fit a table in the book's column)."""
     recorded = recorded_checksums(folder)
-    rows = ["| name | upstream model | what it is | QK-norm | quantisation | licence |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| name | what it is | QK-norm | quantisation | licence |", "| --- | --- | --- | --- | --- |"]
     files = []
     for spec in MODELS.values():
         if spec.parts is not None:
@@ -58,9 +57,8 @@ def markdown(folder: Path | None = None) -> str:
         else:
             pk = ", ".join(f"`{p}`" for p in spec.packages) + f" (extra `{spec.extra}`)"
         file = f"`{spec.gguf_file}`" + (f", {_size(spec)}" if spec.parts else "")
-        rows.append(f"| `{spec.name}` | `{spec.hub_id}` | {spec.tuning} | {spec.qk_norm} | {spec.quantisation} | "
-                    f"{spec.license} |")
-        files.append(f"`{spec.name}`\n: GGUF file {file}; packages {pk}; sha256 of the GGUF file "
+        rows.append(f"| `{spec.name}` | {spec.tuning} | {spec.qk_norm} | {spec.quantisation} | {spec.license} |")
+        files.append(f"`{spec.name}`\n: upstream model `{spec.hub_id}`; GGUF file {file}; packages {pk}; sha256 of the GGUF file "
                      f"{_checksum(spec, recorded)}\n")
     return "\n".join(rows) + "\n\n" + "\n".join(files)
 
