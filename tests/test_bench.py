@@ -336,5 +336,5 @@ def test_eval_rows_agreement_alternation_and_table():
                                  "seconds_per_step": 1.5, "items_per_s": 21.3, "tokens_per_s": 500.0}]},
            "parameters": {"repeats": 3}, "provenance": {}}
     md = report.eval_markdown(doc)
-    assert "2.50 (2.00-3.00)" in md and "50 % / 50 % / 100 %" in md and "| m | stage1 | 32 | 2 | 2 | 1.50 |" in md
+    assert "2.50 (2.00-3.00)" in md and "| 50 % | 50 % | 100 % |" in md and "| m | stage1 | 32 | 2 | 2 | 1.50 |" in md
     assert "Not measured yet" in report.eval_markdown(None)
