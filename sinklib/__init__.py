@@ -3,7 +3,8 @@
 The subpackages, lowest first (each imports only from those above it in this list):
 
     errors       the errors users meet
-    core         parameters, package data, model anatomy and registry, the sink probe and S, cache, training loop
+    core         parameters, package data, model anatomy and registry, the sink probe, S and the sink
+                 intervention, cache, training loop
     plots        the book's figures
     stats        panel statistics, schema, architecture test, verdict rules, intervals, display
     evals        the text suites, graders, paired changes, power
@@ -14,7 +15,7 @@ The subpackages, lowest first (each imports only from those above it in this lis
     adapt        chapter 4's adapted pairs and their controls (isolate, dose, seeds, sweep)
     controls     chapter 6: merging and QK-norm injection
     tiny         chapters 7 and 9: tiny LMs trained from scratch
-    causal       chapter 8: interventions, suites under an intervention, head-wise repair
+    causal       chapter 8: suites under an intervention, the BOS ablation, head-wise repair
     claims       the claims page, one module per chapter's rows
     install      the Colab bootstrap (`python -m sinklib.install models graders`)
 

@@ -10,7 +10,6 @@ examples and input positions per second of a few steps of both VL stages at the 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -61,17 +60,11 @@ def agreement(suite: str, rows: Sequence[dict], before: Sequence[str], after: Se
 
 def alternating(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, list[float]], dict[str, object]]:
     """Seconds of each function per round, rounds alternating the order (a, b / b, a, ...), and each one's
-    first return value."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
+    first return value (`timing.interleaved_timings` without warm-up)."""
+    from sinklib.bench.timing import interleaved_timings
+
     first: dict[str, object] = {}
-    names = list(fns)
-    for r in range(repeats):
-        for k in (names if r % 2 == 0 else names[::-1]):
-            t0 = time.perf_counter()
-            out = fns[k]()
-            times[k].append(time.perf_counter() - t0)
-            first.setdefault(k, out)
-    return times, first
+    return interleaved_timings(fns, repeats, warmup=0, alternate=True, first=first), first
 
 
 def eval_rows(lm, suite: str, n: int, repeats: int, seed: int = 0) -> list[dict]:

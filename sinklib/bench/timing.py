@@ -16,12 +16,15 @@ from sinklib.core.resources import PACKAGE as _PACKAGE
 
 
 def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup: int = 1,
-                        min_seconds: float = 0.0, max_repeats: int = 15) -> dict[str, list[float]]:
+                        min_seconds: float = 0.0, max_repeats: int = 15, alternate: bool = False,
+                        first: dict[str, object] | None = None) -> dict[str, list[float]]:
     """Run each function `repeats` times, interleaved (a, b, c, a, b, c, ...), after `warmup` rounds.
 
     Interleaving spreads machine noise over all contenders, so their ratios are fair. With `min_seconds`, short
     rounds are repeated more often: at least `repeats` rounds, and enough to last about `min_seconds` judged by
     the last warm-up round (at most `max_repeats`), so that cheap lengths get medians as stable as long ones.
+    `alternate` reverses the order every other round (a, b / b, a, ...); `first` receives each function's
+    first timed return value.
     """
     round_s = 0.0
     for _ in range(warmup):
@@ -31,11 +34,14 @@ def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = 3, 
         round_s = time.perf_counter() - t0
     repeats = rounds_for(round_s, repeats, min_seconds, max_repeats)
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        for k in (names[::-1] if alternate and r % 2 else names):
             t0 = time.perf_counter()
-            f()
+            value = fns[k]()
             out[k].append(time.perf_counter() - t0)
+            if first is not None:
+                first.setdefault(k, value)
     return out
 
 
