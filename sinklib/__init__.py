@@ -59,7 +59,7 @@ NOTEBOOK_NAMES: dict[str, str] = {
 #: cells must match the source notebooks); each entry goes when no notebook uses it (tests/test_layout.py)
 LEGACY_PATHS: dict[str, str] = {
     "sinklib.data": "sinklib.core.data", "sinklib.params": "sinklib.core.params",
-    "sinklib.reported": "sinklib.book.reported", "sinklib.panel": "sinklib.stats.panel",
+    "sinklib.reported": "sinklib.book.reported",
 }
 
 

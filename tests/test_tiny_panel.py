@@ -141,3 +141,16 @@ def test_change_table_and_knowledge_chance():
 
     # the rule reads the Wilson lower end the evaluation stores: 45 % of 72 items is above chance, 30.6 % is not
     assert knowledge_above_chance(wilson_pct(45.0, 72).lo) and not knowledge_above_chance(wilson_pct(30.6, 72).lo)
+
+
+def test_sink03_counts_heads_above_threshold_and_the_sentence_says_both():
+    import pandas as pd
+
+    from sinklib.tiny.pilot import sink03, sink03_sentence
+
+    assert sink03({"mass": [[0.1, 0.31], [0.29, 0.9]]}) == 0.5
+    assert sink03({"mass": [[0.3, 0.3]]}) == 0.0          # strictly above 0.3, as Gu et al.
+    rows = pd.DataFrame({"sink03": [0.0, 0.125, 0.0], "max_mass": [0.2, 0.35, 0.1]})
+    s = sink03_sentence(rows)
+    assert "at most 0.12" in s and "1 of 3 models have any head above 0.3" in s and "0.35" in s
+    assert "not computed" in sink03_sentence(pd.DataFrame({"max_mass": [0.1]}))

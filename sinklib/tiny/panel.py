@@ -29,7 +29,7 @@ from sinklib.core.params import check_choice, check_int
 from sinklib.tiny.adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
 from sinklib.tiny.evaluate import KNOWLEDGE_OPTIONS
 from sinklib.tiny.model import VARIANTS
-from sinklib.tiny.pilot import PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink_formed
+from sinklib.tiny.pilot import BASE_COLUMNS, PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink03_sentence, sink_formed
 
 #: training settings, applied on top of the profile's base recipe (name -> overrides)
 SETTINGS: dict[str, dict] = {
@@ -164,7 +164,8 @@ def run_panel(profile: str = "full", *, settings: Mapping[str, Mapping] | None =
         row = {**res["panel_row"], "setting": spec["setting"], "S_init": run.S_init,
                "base_strict": base["strict"], "base_lenient": base["lenient"], "base_knowledge": base["knowledge"],
                "base_ppl": base["ppl"], "train_seconds": base["train_seconds"],
-               "max_mass": base["max_mass_final"], "sink_formed": sink_formed(run.S_init, base["S_final"]),
+               "max_mass": base["max_mass_final"], "sink03": base["sink03_final"],
+               "sink_formed": sink_formed(run.S_init, base["S_final"]),
                "in_band": bool(base["all_in_band"]),
                "knowledge_above_chance": knowledge_above_chance(base["ci"]["knowledge"]["acc"][0]),
                **{f"{_SHORT[name]}_paired_{b}": res["changes"][c][name][f"paired_{b}"]
@@ -400,6 +401,7 @@ def pilot_table(models: Sequence[Mapping], setting: str = "pilot") -> pd.DataFra
         rows.append({"variant": m["spec"]["variant"], "parameters": r["n_parameters"], "steps": r["steps"],
                      "train s": r["train_seconds"], "S at init": r["S_init"], "S trained": r["S_final"],
                      "sink formed": sink_formed(r["S_init"], r["S_final"]), "max head mass": r["max_mass_final"],
+                     "Sink_0.3": r["sink03_final"],
                      "strict": r["strict"], "lenient": r["lenient"], "knowledge": r["knowledge"], "ppl": r["ppl"],
                      "scores in band": r["all_in_band"]})
     return pd.DataFrame(rows)
@@ -407,7 +409,7 @@ def pilot_table(models: Sequence[Mapping], setting: str = "pilot") -> pd.DataFra
 
 def findings(pilot: pd.DataFrame, rows: pd.DataFrame, pre: pd.DataFrame, hyp: pd.DataFrame) -> dict[str, str]:
     """The chapter's result sentences, computed (glued into its prose): 'pilot', 'sinks', 'band', 'lost',
-    'vqa', 'chance', 'text_only', 'spread', 'verdicts', 'h1', 'h6'."""
+    'vqa', 'chance', 'text_only', 'spread', 'verdicts', 'h1', 'h6', 'sink03'."""
     out = {}
     parts = []
     for _, r in pilot.iterrows():
@@ -419,6 +421,7 @@ def findings(pilot: pd.DataFrame, rows: pd.DataFrame, pre: pd.DataFrame, hyp: pd
     out["pilot"] = "; ".join(parts)
     pre_t = pre.set_index("precondition")["models"]
     out["sinks"] = f"a sink formed in {pre_t['a sink formed in training']} models"
+    out["sink03"] = sink03_sentence(rows)
     out["band"] = f"base scores inside the band in {pre_t['base scores inside the band']} models"
     out["lost"] = f"VL lost strict-format score outside the noise in {pre_t['VL lost strict-format score']} models"
     out["vqa"] = f"the VL model learned the visual task in {pre_t['the VL model learned the visual task']} models"

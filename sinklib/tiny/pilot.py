@@ -76,6 +76,34 @@ def max_mass(checkpoint: dict) -> float:
     return round(float(np.max(checkpoint["mass"])), 4)
 
 
+#: the base-model table of chapter 7 as shown: column -> header a reader sees
+BASE_COLUMNS = {"qk_norm": "QK-norm", "setting": "setting", "S_init": "S at init", "S": "S trained",
+                "max_mass": "strongest head", "sink03": "Sink_0.3", "base_strict": "strict %",
+                "base_lenient": "lenient %", "base_knowledge": "knowledge %", "base_ppl": "perplexity"}
+
+
+#: Gu et al.'s threshold: a head is a sink head when its mean first-token attention exceeds it (chapter 9 uses it too)
+SINK03_EPS = 0.3
+
+
+def sink03(checkpoint: dict) -> float:
+    """Sink_0.3 (Gu et al.): the share of heads whose mean first-token attention exceeds 0.3 at one checkpoint."""
+    return round(float((np.asarray(checkpoint["mass"], dtype=float) > SINK03_EPS).mean()), 4)
+
+
+def sink03_sentence(rows: "pd.DataFrame") -> str:
+    """'No sink' by the looser metric too: Sink_0.3 (Gu et al.'s share of heads whose first-token attention exceeds
+    0.3) and the strongest head, over the panel's models (chapter 9 uses the same threshold)."""
+    if "sink03" not in rows:
+        return "Sink_0.3 not computed in this run"
+    any03 = int((rows["sink03"] > 0).sum())
+    half = int((rows["sink03"] >= 0.5).sum())
+    return (f"by Gu et al.'s looser metric, Sink_0.3 (the share of heads whose first-token attention exceeds 0.3) "
+            f"is at most {rows['sink03'].max():.2f} (median {rows['sink03'].median():.2f}): {any03} of {len(rows)} "
+            f"models have any head above 0.3 and {half} have half their heads above it; the strongest head of any "
+            f"model puts {rows['max_mass'].max():.2f} of its attention on the first token")
+
+
 def _between_layers(ratio: list) -> list:
     return list(ratio[1:-1]) if len(ratio) > 2 else list(ratio)
 
@@ -93,7 +121,8 @@ def emergence_table(log: dict) -> "pd.DataFrame":
         m = np.asarray(c["mass"], dtype=float)
         rows.append({"step": int(c["step"]), "S": float(c["S"]), "S_L1": S_from_mass(m),
                      "max_mass": float(m.max()), "median_mass": float(np.median(m)),
-                     "sink_heads": float((m > 0.5).mean()), "max_norm_ratio": float(max(_between_layers(c["sink_norm"]["ratio"])))})
+                     "sink_heads": float((m > 0.5).mean()), "sink03": float((m > SINK03_EPS).mean()),
+                     "max_norm_ratio": float(max(_between_layers(c["sink_norm"]["ratio"])))})
     return pd.DataFrame(rows)
 
 
@@ -153,6 +182,7 @@ def pilot(variant: str, *, eval_kwargs: dict | None = None, progress: bool = Fal
             "S_curve": [(c["step"], round(c["S"], 3)) for c in run.log["checkpoints"]],
             "sink_norm_ratio_final": [round(x, 2) for x in run.log["checkpoints"][-1]["sink_norm"]["ratio"]],
             "max_mass_init": max_mass(run.log["checkpoints"][0]), "max_mass_final": max_mass(run.log["checkpoints"][-1]),
+            "sink03_final": sink03(run.log["checkpoints"][-1]),
             "layer_mass_final": [round(float(x), 3) for x in np.asarray(run.log["checkpoints"][-1]["mass"]).mean(1)],
             **s, "scores": evals["scores"], "ci": evals["ci"], "examples": evals["examples"], "eval_seconds": evals["seconds"],
             "all_in_band": all(in_band)}
