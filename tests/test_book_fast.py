@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 READER, DEP = "98_reader", "97_dep"
 
 
-def _source(body: str = "y = x + 1", url: str = "https://github.com/a/b") -> nbformat.NotebookNode:
+def _source(body: str = "from sinklib.a import A\ny = x + A", url: str = "https://github.com/a/b") -> nbformat.NotebookNode:
     params = new_code_cell('x = 1\nprofile = "quick"', metadata={"tags": ["parameters", "remove-cell"]})
     return new_notebook(cells=[new_markdown_cell("# demo"), new_code_cell(runner.bootstrap_source(url)), params,
                                new_code_cell(body)])
@@ -30,13 +30,16 @@ def _git(root: Path, *args: str) -> str:
 
 
 class Book:
-    """A tiny checkout: two notebooks (the reader reads the dep's results), profiles, a sinklib, git."""
+    """A tiny checkout: two notebooks (the reader reads the dep's results), profiles, git, and a sinklib whose
+    module `a` (imported by both notebooks) imports `c`, and whose module `b` no notebook imports."""
 
     def __init__(self, root: Path, monkeypatch):
         self.root = root
         for d in ("notebooks", "book/chapters", "data/results", "data/profiles", "sinklib"):
             (root / d).mkdir(parents=True)
-        (root / "sinklib" / "a.py").write_text("A = 1\n")
+        (root / "sinklib" / "a.py").write_text("A = 1\n\n\ndef f():\n    from sinklib.c import C\n    return C\n")
+        (root / "sinklib" / "b.py").write_text("B = 1\n")
+        (root / "sinklib" / "c.py").write_text("C = 1\n")
         monkeypatch.setattr(runner, "PROFILES", root / "data" / "profiles")
         monkeypatch.setattr(runner, "NOTEBOOKS", root / "notebooks")
         monkeypatch.setattr(runner, "REPO", root)
@@ -53,8 +56,10 @@ class Book:
     def profile(self, name: str, **full) -> None:
         (self.root / "data" / "profiles" / f"{name}.yml").write_text(yaml.safe_dump({"full": full}))
 
-    def execute(self, name: str, with_record: bool = True, commit: str | None = None) -> None:
-        """What the runner leaves: the parameters folded in, papermill's record and (optionally) ours."""
+    def execute(self, name: str, with_record: bool | str = True, commit: str | None = None) -> None:
+        """What the runner leaves: the parameters folded in, papermill's record and (optionally) ours;
+        ``with_record="v1"``: a record as written before per-chapter dependencies (a hash of all of sinklib and
+        the commit at HEAD)."""
         nb = nbformat.read(self.root / "notebooks" / f"{name}.ipynb", as_version=4)
         params = runner.load_profile(name, "full")
         cell = runner.parameters_cell(nb)
@@ -62,7 +67,11 @@ class Book:
         nb.metadata["papermill"] = {"parameters": params, "duration": 12.5}
         if with_record:
             nb.metadata[record.KEY] = record.make(runner.code_fingerprint(nb), params, runner.reads_fingerprint(name),
-                                                  record.tree_sha256(self.root / "sinklib"), "abc", 12.5)
+                                                  runner.sinklib_dependencies(nb, self.root), "abc", 12.5)
+        if with_record == "v1":
+            rec = {k: v for k, v in nb.metadata[record.KEY].items() if not k.startswith("sinklib_deps")}
+            nb.metadata[record.KEY] = {**rec, "version": 1, "sinklib_sha256": "0" * 64,
+                                       "git_commit": _git(self.root, "rev-parse", "HEAD")}
         nbformat.write(nb, self.root / "book" / "chapters" / f"{name}.ipynb")
         if commit is not None:
             doc = {"results": {"v": 1}, "provenance": {"git_commit": commit, "seconds": 10.0}}
@@ -137,12 +146,57 @@ def test_without_a_record_git_history_decides(tiny_book):
     tiny_book.commit("library")
     st = tiny_book.state(DEP)
     assert st.state == stale.SINKLIB and "(+dirty stripped)" in st.why[-1] and st.seconds == 12.5
-    assert tiny_book.state(READER).why == [f"sinklib changed since {base[:8]} (git diff)"]
+    assert tiny_book.state(READER).why == [f"sinklib changed since {base[:8]} (git diff): sinklib.a"]
     (tiny_book.root / "data" / "results" / f"{DEP}.json").write_text(json.dumps({"results": {"v": 3}}))
     st = tiny_book.state(READER)   # uncommitted counts too (git diff against the working tree)
     assert st.state == stale.STALE and st.why == [f"{DEP[:2]}'s results changed since {base[:8]} (git history)"]
     tiny_book.commit("dep rerun")
     assert tiny_book.state(READER).state == stale.STALE
+
+
+def test_only_the_modules_a_chapter_imports_count(tiny_book):
+    tiny_book.execute(DEP)
+    (tiny_book.root / "sinklib" / "b.py").write_text("B = 2\n")   # no notebook imports b
+    (tiny_book.root / "sinklib" / "new.py").write_text("N = 1\n")
+    assert tiny_book.state(DEP).state == stale.CURRENT
+    (tiny_book.root / "sinklib" / "c.py").write_text("C = 2\n")   # imported by a, lazily, inside a function
+    st = tiny_book.state(DEP)
+    assert st.state == stale.SINKLIB and st.why == ["sinklib changed (record): sinklib.c"]
+    (tiny_book.root / "sinklib" / "a.py").write_text("A = 5\n")   # a no longer imports c: both count
+    assert tiny_book.state(DEP).why == ["sinklib changed (record): sinklib.a, sinklib.c"]
+
+
+def test_an_old_record_is_judged_by_git_on_the_chapter_modules_only(tiny_book):
+    tiny_book.execute(DEP, with_record="v1")
+    assert record.read(nbformat.read(tiny_book.root / "book/chapters" / f"{DEP}.ipynb", 4))["version"] == 1
+    assert tiny_book.state(DEP).state == stale.CURRENT   # its whole-sinklib hash is not compared any more
+    (tiny_book.root / "sinklib" / "b.py").write_text("B = 2\n")
+    tiny_book.commit("b")
+    assert tiny_book.state(DEP).state == stale.CURRENT
+    (tiny_book.root / "sinklib" / "c.py").write_text("C = 2\n")   # uncommitted counts too
+    st = tiny_book.state(DEP)
+    commit = record.read(nbformat.read(tiny_book.root / "book/chapters" / f"{DEP}.ipynb", 4))["git_commit"]
+    assert st.state == stale.SINKLIB and st.why == [f"sinklib changed since {commit[:8]} (git diff): sinklib.c"]
+
+
+def test_the_runner_records_the_chapter_dependencies(tiny_book, monkeypatch):
+    import papermill as pm
+
+    from sinklib.book import results
+
+    def fake_papermill(src, out, parameters, **_):   # what papermill leaves, without a kernel
+        nb = nbformat.read(src, as_version=4)
+        nb.metadata["papermill"] = {"parameters": parameters}
+        nbformat.write(nb, out)
+
+    monkeypatch.setattr(pm, "execute_notebook", fake_papermill)
+    monkeypatch.setattr(results, "_git_commit", lambda: "abc")
+    runner.execute(DEP, "full", out=tiny_book.root / "book" / "chapters")
+    rec = record.read(nbformat.read(tiny_book.root / "book" / "chapters" / f"{DEP}.ipynb", as_version=4))
+    assert rec["version"] == record.VERSION == 2 and "sinklib_sha256" not in rec
+    assert sorted(rec["sinklib_deps"]) == ["sinklib/a.py", "sinklib/c.py"]
+    assert rec["sinklib_deps_sha256"] == record.set_sha256(rec["sinklib_deps"])
+    assert tiny_book.state(DEP).state == stale.CURRENT
 
 
 def test_a_commit_missing_from_history_cannot_be_judged(tiny_book):

@@ -2,8 +2,12 @@
 metadata (``metadata.sinkbook``) so that ``python -m sinklib.book status`` can tell later whether the copy is
 still current. Fields: ``code_sha256`` (the code cells, the Colab bootstrap cell left out: ``set-repo`` rewrites
 it and it does nothing off Colab), ``parameters`` (the values it ran with), ``reads`` (sha256 of each results
-file of ``READS_RESULTS_OF`` as it was when the chapter started), ``sinklib_sha256`` (the package's source),
-``git_commit`` (``+dirty`` when the tree had uncommitted changes), ``seconds`` and ``utc``.
+file of ``READS_RESULTS_OF`` as it was when the chapter started), ``sinklib_deps`` (a short sha256 of each file
+the chapter depends on: the sinklib modules its code imports, transitively, and the package data they open, as
+`sinklib.book.deps` finds them) with ``sinklib_deps_sha256`` (one sha256 over them), ``git_commit`` (``+dirty``
+when the tree had uncommitted changes), ``seconds`` and ``utc``. Version 1 records (before per-chapter
+dependencies) held ``sinklib_sha256``, a hash of all of sinklib's source, instead; `sinklib.book.stale` judges
+those by git, from their commit.
 
 This module only hashes and stores; deciding what is stale is `sinklib.book.stale`."""
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 KEY = "sinkbook"
-VERSION = 1
+VERSION = 2
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -40,28 +44,22 @@ def normalized(params: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(params, sort_keys=True))
 
 
-#: sinklib files that decide what to rerun and drive a reproduction; no chapter's results depend on them, so a
-#: change to them does not count as a sinklib change (paths relative to sinklib/, as git writes them)
-TOOLING = ("book/cli.py", "book/record.py", "book/reproduce.py", "book/stale.py")
+#: sinklib files that decide what to rerun and drive a reproduction; no chapter's results depend on them, so they
+#: are never a chapter's dependency (paths relative to sinklib/)
+TOOLING = ("book/cli.py", "book/deps.py", "book/record.py", "book/reproduce.py", "book/stale.py")
 
 
-def tree_sha256(folder: str | Path, pattern: str = "*.py", skip: tuple[str, ...] = TOOLING) -> str:
-    """sha256 over the relative paths and contents of the files matching `pattern` under `folder`
-    (``__pycache__`` and `skip` left out): changes whenever a source file of the package changes, committed or not."""
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob(pattern)):
-        if "__pycache__" in p.parts or p.relative_to(folder).as_posix() in skip:
-            continue
-        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
+def set_sha256(file_hashes: dict[str, str | None]) -> str:
+    """One sha256 over a set of files: their paths and hashes (`sinklib.book.deps.hashes`)."""
+    return sha256_bytes(json.dumps(sorted(file_hashes.items())).encode())
 
 
-def make(code: str, parameters: dict, reads: dict[str, str | None], sinklib: str, git_commit: str,
-         seconds: float | None = None) -> dict:
-    """A record (see the module docstring)."""
+def make(code: str, parameters: dict, reads: dict[str, str | None], sinklib_deps: dict[str, str | None],
+         git_commit: str, seconds: float | None = None) -> dict:
+    """A record (see the module docstring); `sinklib_deps`: file -> short sha256 (`sinklib.book.deps.hashes`)."""
     return {"version": VERSION, "code_sha256": code, "parameters": normalized(parameters), "reads": dict(reads),
-            "sinklib_sha256": sinklib, "git_commit": git_commit,
+            "sinklib_deps": dict(sorted(sinklib_deps.items())), "sinklib_deps_sha256": set_sha256(sinklib_deps),
+            "git_commit": git_commit,
             "seconds": None if seconds is None else round(float(seconds), 1),
             "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 

@@ -107,13 +107,13 @@ def device_params(name: str, device: str | None) -> dict:
 
 
 def fingerprint(name: str, profile: str, extra: dict) -> str:
-    """What a chapter would run with now: code, parameters, results read, sinklib (one sha256)."""
+    """What a chapter would run with now: code, parameters, results read, its sinklib dependencies (one sha256)."""
     import nbformat
 
     params = record.normalized({**runner.load_profile(name, profile), **extra})
     src = nbformat.read(runner.NOTEBOOKS / f"{name}.ipynb", as_version=4)
     parts = [runner.code_fingerprint(src, fold=params), params, runner.reads_fingerprint(name),
-             record.tree_sha256(runner.REPO / "sinklib")]
+             runner.sinklib_dependencies(src)]
     return record.sha256_bytes(json.dumps(parts, sort_keys=True).encode())
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from sinklib.errors import ParameterError
 from sinklib.core.resources import checkout_root, data_path, display_path, results_dir  # noqa: F401 (callers use them here)
-from sinklib.book import record
+from sinklib.book import deps, record
 from sinklib.book.results import device_info, load_results, save_results  # noqa: F401 (results with provenance)
 
 REPO = checkout_root() or Path.cwd()       # the runner and set-repo need a checkout; see _need_checkout
@@ -305,6 +305,12 @@ def reads_fingerprint(name: str) -> dict[str, str | None]:
     return {dep: record.file_sha256(results_dir() / f"{dep}.json") for dep in READS_RESULTS_OF.get(name, ())}
 
 
+def sinklib_dependencies(nb, root: Path | None = None) -> dict[str, str | None]:
+    """The files a notebook's code depends on (`sinklib.book.deps`, the Colab cell left out), with their hashes."""
+    root = Path(root or REPO)
+    return deps.hashes(deps.dependencies(code_sources(nb), root, skip_prefix=BOOTSTRAP_FIRST_LINE), root)
+
+
 def execute(name: str, profile: str, out: Path = CHAPTERS, kernel: str = "python3", log_output: bool = False,
             params: dict | None = None) -> float:
     """Execute one notebook into `out` with the profile's parameters (updated by `params`), fold them into
@@ -315,7 +321,9 @@ def execute(name: str, profile: str, out: Path = CHAPTERS, kernel: str = "python
 
     params = {**load_profile(name, profile), **(params or {})}
     reads, commit = reads_fingerprint(name), _git_commit()
-    sinklib_hash = record.tree_sha256(REPO / "sinklib")
+    import nbformat
+
+    sinklib_files = sinklib_dependencies(nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4))
     os.environ["SINKBOOK_PROFILE"] = profile
     t0 = time.perf_counter()
     pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out / f"{name}.ipynb"), parameters=params,
@@ -325,10 +333,8 @@ def execute(name: str, profile: str, out: Path = CHAPTERS, kernel: str = "python
     if Path(out).resolve() == CHAPTERS.resolve():
         export_tagged_figures(out / f"{name}.ipynb")
     seconds = time.perf_counter() - t0
-    import nbformat
-
     code = code_fingerprint(nbformat.read(out / f"{name}.ipynb", as_version=4))
-    record.write(out / f"{name}.ipynb", record.make(code, params, reads, sinklib_hash, commit, seconds))
+    record.write(out / f"{name}.ipynb", record.make(code, params, reads, sinklib_files, commit, seconds))
     return round(seconds, 1)
 
 

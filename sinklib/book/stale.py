@@ -7,10 +7,12 @@ itself (its code cells against the source's, the parameters papermill recorded a
 results file read counts as changed when git says it changed since the reader's commit (its results file's
 ``provenance.git_commit``, a ``+dirty`` suffix stripped: uncommitted changes at run time are not known).
 
-A chapter that is not stale but whose **sinklib** changed since it ran (the record's hash of the package's
-source, or ``git diff <commit> -- sinklib/`` without a record; both leave out `record.TOOLING`, the modules
-that decide what to rerun, which no result depends on) is listed with its estimated rerun time and the
-command that reruns it, never rerun silently: its full run can take hours."""
+A chapter that is not stale but whose **sinklib** changed since it ran is listed with its estimated rerun time
+and the command that reruns it, never rerun silently: its full run can take hours. Only the chapter's own
+dependencies count (`sinklib.book.deps`: the sinklib modules its code imports, transitively, and the package data
+they open; never `record.TOOLING`, the modules that decide what to rerun): the record's hash of each against
+the files now, or, for a copy whose record predates per-chapter dependencies (a hash of all of sinklib) or that
+has none, ``git diff --name-only <commit> -- <those files>``. The reason names the files that changed."""
 from __future__ import annotations
 
 import json
@@ -18,7 +20,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sinklib.book import record, runner
+from sinklib.book import deps, record, runner
 
 CURRENT, STALE, SINKLIB, UNKNOWN, MISSING = "current", "stale", "sinklib changed", "unknown", "missing"
 RERUN = {STALE, MISSING}   # the states `make book` re-executes
@@ -42,15 +44,29 @@ def git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
 
 
-def changed_since(root: Path, commit: str, path: str, *exclude: str) -> bool | None:
-    """Whether `path` (a file or folder of the checkout; `exclude`: git pathspecs such as ``:!sinklib/x.py``) differs
-    between `commit` and the working tree; None when `commit` is not in this clone's history (a shallow clone)."""
+def changed_since(root: Path, commit: str, path: str) -> bool | None:
+    """Whether `path` (a file or folder of the checkout) differs between `commit` and the working tree; None when
+    `commit` is not in this clone's history (a shallow clone)."""
     try:
         if git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             return None
-        return git(root, "diff", "--quiet", commit, "--", path, *exclude).returncode != 0
+        return git(root, "diff", "--quiet", commit, "--", path).returncode != 0
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def changed_files(root: Path, commit: str, paths: list[str]) -> list[str] | None:
+    """Which of `paths` differ between `commit` and the working tree (sorted); None when `commit` is not in this
+    clone's history."""
+    if not paths:
+        return []
+    try:
+        if git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            return None
+        out = git(root, "diff", "--name-only", commit, "--", *paths)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted(out.stdout.splitlines()) if out.returncode == 0 else None
 
 
 def recorded_commit(name: str, rec: dict | None, results: Path) -> tuple[str | None, str]:
@@ -114,17 +130,20 @@ def _reads(name: str, rec: dict | None, commit: str | None, root: Path, results:
     return stale, unknown
 
 
-def _sinklib(rec: dict | None, commit: str | None, root: Path) -> str | None:
-    """Why the chapter's sinklib differs from what it ran with (None: same; '?' prefix: cannot tell)."""
-    if rec and rec.get("sinklib_sha256"):
-        same = rec["sinklib_sha256"] == record.tree_sha256(root / "sinklib")
-        return None if same else "sinklib changed (record)"
+def _sinklib(rec: dict | None, commit: str | None, root: Path, now: dict[str, str | None]) -> str | None:
+    """Why the chapter's sinklib differs from what it ran with (None: same; '?' prefix: cannot tell); `now`: its
+    dependency files with their hashes (`runner.sinklib_dependencies`)."""
+    if rec and rec.get("sinklib_deps_sha256"):
+        if rec["sinklib_deps_sha256"] == record.set_sha256(now):
+            return None
+        moved = deps.changed(rec.get("sinklib_deps") or {}, now)
+        return f"sinklib changed (record): {deps.summary(moved)}" if moved else "sinklib changed (record)"
     if commit is None:
         return "?no commit recorded"
-    moved = changed_since(root, commit, "sinklib", *[f":!sinklib/{t}" for t in record.TOOLING])
+    moved = changed_files(root, commit, sorted(now))
     if moved is None:
         return f"?commit {commit[:8]} not in this clone's history"
-    return f"sinklib changed since {commit[:8]} (git diff)" if moved else None
+    return f"sinklib changed since {commit[:8]} (git diff): {deps.summary(moved)}" if moved else None
 
 
 def chapter_state(name: str, profile: str = "full", root: Path | None = None, chapters: Path | None = None,
@@ -148,7 +167,7 @@ def chapter_state(name: str, profile: str = "full", root: Path | None = None, ch
     why += stale_reads
     if why:
         return ChapterState(name, STALE, why, seconds)
-    lib = _sinklib(rec, commit, root)
+    lib = _sinklib(rec, commit, root, runner.sinklib_dependencies(src, root))
     notes = [note] if note else []
     if unknown or (lib and lib.startswith("?")):
         return ChapterState(name, UNKNOWN, unknown + ([lib[1:]] if lib and lib.startswith("?") else []) + notes, seconds)
