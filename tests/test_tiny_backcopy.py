@@ -189,6 +189,9 @@ def test_panel_tables_statistics_and_causal(cache_tmp):
     b = adapted[adapted.condition == "base"].set_index("model")
     c = adapted[adapted.condition == "vl"].set_index("model")
     assert np.allclose(df[sp.KNOW_TASK], (b["know_acc"] - c["know_acc"]).to_numpy())
+    t = adapted[adapted.condition == "text_only"].set_index("model")
+    assert np.allclose(df[sp.RULE_CTRL], (t["rule_acc"] - c["rule_acc"]).to_numpy())   # controlled: text-only - VL
+    assert sp.RULE_CTRL not in sp.panel_frame(adapted[adapted.condition != "text_only"])
     out = sp.claim_test(df, sp.KNOW_TASK, n_perm=99, n_boot=99)
     assert out["n"] == 6 and ("rho" in out or "error" in out)
     ct = sp.causal_table(g)
@@ -235,8 +238,10 @@ def test_chapter9_parameters_are_the_schema():
     assert validate(sp.CHAPTER9_PARAMS, ns) == ns
     for prof in book.PROFILE_NAMES:
         values = {**ns, **book.load_profile("09_sink_panel", prof)}
-        for s in values["settings"] + values["pilot_tries"]:
+        for s in values["settings"]:
             sp.parse_setting(s)
+        for t in values["pilot_tries"]:
+            sp.parse_setting(sp.split_try(t, values["variants"])[0])
 
 
 def test_control_heads_avoid_the_sink_heads_when_they_can():
@@ -245,3 +250,55 @@ def test_control_heads_avoid_the_sink_heads_when_they_can():
         got = sp.control_heads({0: [0], 1: [1]}, 2, 2, seed=seed)
         assert sum(len(v) for v in got.values()) == 2 and 0 not in got.get(0, []) and 1 not in got.get(1, [])
     assert sp.control_heads({0: [0, 1]}, 1, 2, seed=0) == {0: [0, 1]}   # nothing else left: drawn from all
+
+
+def test_tries_limited_to_variants_and_the_pilot_sentence():
+    import pandas as pd
+
+    v = ["none", "per_head", "layerwise"]
+    assert sp.split_try("lr:0.004", v) == ("lr:0.004", v)
+    assert sp.split_try("steps:1800 @per_head+layerwise", v) == ("steps:1800", ["per_head", "layerwise"])
+    with pytest.raises(ParameterError, match="pilot_tries"):
+        sp.split_try("steps:10 @nope", v)
+    rows = [{"try": "base", "variant": x, "sink formed": x == "none", "emergence step": 1, "holds from step": 1}
+            for x in v] + [{"try": "long", "variant": x, "sink formed": True, "emergence step": 5,
+                            "holds from step": 6} for x in v[1:]]
+    s = sp.pilot_sentence(pd.DataFrame(rows))
+    # a try run on two of three variants never counts as forming the sink "in every variant"
+    assert s.startswith("no try formed the sink in every variant") and "the none variant under try 'base'" in s
+    rows += [{"try": "long", "variant": "none", "sink formed": True, "emergence step": 5, "holds from step": 6}]
+    assert "under try 'long'" in sp.pilot_sentence(pd.DataFrame(rows))
+
+
+def test_causal_summary_averages_only_the_models_with_a_sink():
+    import pandas as pd
+
+    ct = pd.DataFrame([{"model": "a", "intervention": "remove", "rule change": -10.0, "knowledge change": 0.0,
+                        "same_heads": False},
+                       {"model": "b", "intervention": "remove", "rule change": 0.0, "knowledge change": 0.0,
+                        "same_heads": False}])
+    assert sp.causal_summary(ct)["rule"].iloc[0] == -5.0
+    out = sp.causal_summary(ct, with_sink=["a"])
+    assert out["rule"].iloc[0] == -10.0 and out["models"].iloc[0] == 1
+    assert sp.causal_summary(ct, with_sink=[]).empty
+
+
+def test_claim_test_uses_the_fisher_interval():
+    import pandas as pd
+
+    df = pd.DataFrame({"pair": list("abcdefgh"), "qk_norm": ["none", "per_head"] * 4,
+                       "S": [0.1, 0.5, 0.2, 0.9, 0.4, 0.3, 0.8, 0.7], "x": [5, 1, 4, 0, 2, 3, 0.5, 1.5]})
+    out = sp.claim_test(df, "x", n_perm=199, n_boot=199)
+    from sinklib.stats.rank import fisher_ci
+
+    lo, hi = fisher_ci(out["rho"], 8)
+    assert np.isclose(out["lo"], lo) and np.isclose(out["hi"], hi) and "boot_lo" in out
+
+
+def test_metrics_sentence_explains_where_s_and_sink03_disagree(monkeypatch):
+    recs = {"a": {"history": [{"S": -3.7}], "final": {"S": -3.9, "sink03": 0.5, "mass": [[0.32, 0.001]]}},
+            "b": {"history": [{"S": -3.9}], "final": {"S": -0.7, "sink03": 0.5, "mass": [[0.3, 0.4]]}}}
+    monkeypatch.setattr(sp.bt, "train_backcopy", lambda p, need_model=True: (recs[p["m"]], None))
+    s = sp.metrics_sentence([{"name": "a", "params": {"m": "a"}}, {"name": "b", "params": {"m": "b"}}])
+    assert "a: head masses 0.320, 0.001" in s and "b:" not in s          # b's S rose by 3.2: they agree
+    assert sp.metrics_sentence([{"name": "b", "params": {"m": "b"}}]).startswith("S and Sink_0.3 agree")

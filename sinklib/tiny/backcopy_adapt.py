@@ -145,7 +145,7 @@ def recipe_tries(base_params: Mapping, adapt_overrides: Mapping) -> pd.DataFrame
         r = adapt(base_params, over)
         b, v = r["base"], r["vl"]
         rows.append({"recipe": label, "stage1_steps": adapt_params(**over)["stage1_steps"],
-                     "lr_projector": adapt_params(**over)["lr_projector"], "VL task acc %": v["task"]["acc"],
+                     "projector rate": f"{adapt_params(**over)['lr_projector']:.0e}", "VL task acc %": v["task"]["acc"],
                      "majority %": v["task"]["majority"], "learned": v["task"]["learned"],
                      "rule change": 100 * (v["rule_acc"] - b["rule_acc"]),
                      "knowledge change": 100 * (v["know_acc"] - b["know_acc"]), "S change": v["S"] - b["S"]})

@@ -25,6 +25,9 @@ from sinklib.tiny import backcopy_train as bt
 _VERSION = 2  # 2: the random heads are drawn outside the sink heads where enough remain
 #: the panel's task columns: points lost from base to VL (positive = a loss)
 RULE_TASK, KNOW_TASK = "rule loss", "knowledge loss"
+#: the controlled contrasts: points VL lost beyond the matched text-only control (text-only minus VL accuracy;
+#: positive = VL lost more than the same task without the image). The book's primary contrast where a control exists.
+RULE_CTRL, KNOW_CTRL = "rule loss vs text-only", "knowledge loss vs text-only"
 
 
 def parse_setting(setting: str) -> dict:
@@ -85,24 +88,31 @@ def adapt_table(grid: Sequence[Mapping], adapt_overrides: Mapping) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def panel_frame(adapted: pd.DataFrame, condition: str = "vl") -> pd.DataFrame:
-    """chapter 5's panel layout: pair, qk_norm, S (base), and the losses under `condition` in points
-    (base minus adapted: positive = the skill got worse)."""
+def panel_frame(adapted: pd.DataFrame, condition: str = "vl", control: str = "text_only") -> pd.DataFrame:
+    """chapter 5's panel layout: pair, qk_norm, S (base), the losses under `condition` in points (base minus
+    adapted: positive = the skill got worse) and, where `control` was run, the controlled losses (control minus
+    `condition`: what `condition` lost beyond its matched control; ``RULE_CTRL``, ``KNOW_CTRL``)."""
     b = adapted[adapted.condition == "base"].set_index("model")
-    c = adapted[adapted.condition == condition].set_index("model")
-    return pd.DataFrame({"pair": b.index, "qk_norm": b["variant"].to_numpy(), "S": b["S"].to_numpy(),
-                         RULE_TASK: (b["rule_acc"] - c["rule_acc"]).to_numpy(),
-                         KNOW_TASK: (b["know_acc"] - c["know_acc"]).to_numpy(),
-                         "ppl ratio": (c["know_ppl"] / b["know_ppl"]).to_numpy()}).reset_index(drop=True)
+    c = adapted[adapted.condition == condition].set_index("model").loc[b.index]
+    out = {"pair": b.index, "qk_norm": b["variant"].to_numpy(), "S": b["S"].to_numpy(),
+           RULE_TASK: (b["rule_acc"] - c["rule_acc"]).to_numpy(), KNOW_TASK: (b["know_acc"] - c["know_acc"]).to_numpy(),
+           "ppl ratio": (c["know_ppl"] / b["know_ppl"]).to_numpy()}
+    if (adapted.condition == control).any():
+        t = adapted[adapted.condition == control].set_index("model").loc[b.index]
+        out[RULE_CTRL] = (t["rule_acc"] - c["rule_acc"]).to_numpy()
+        out[KNOW_CTRL] = (t["know_acc"] - c["know_acc"]).to_numpy()
+    return pd.DataFrame(out).reset_index(drop=True)
 
 
 def claim_test(df: pd.DataFrame, task: str, *, n_perm: int = 9999, n_boot: int = 9999, seed: int = 0) -> dict:
-    """rho of base S vs `task` (permutation p, Fisher and bootstrap intervals), LOPO vs the constant, the
-    within-variant permutation test and the nested F-test (chapter 5's functions); NaN where undefined."""
+    """rho of base S vs `task` (permutation p; lo/hi the Fisher interval, the book's interval for rho at small n,
+    with the bootstrap interval beside it as boot_lo/boot_hi), LOPO vs the constant, the within-variant
+    permutation test and the nested F-test (chapter 5's functions); NaN where undefined."""
     out: dict = {"task": task, "n": int(len(df))}
     try:
         sp = panel.spearman(df["S"], df[task], n_perm=n_perm, n_boot=n_boot, seed=seed)
-        out.update(rho=sp.rho, p=sp.p_value, lo=sp.ci_bootstrap[0], hi=sp.ci_bootstrap[1])
+        out.update(rho=sp.rho, p=sp.p_value, lo=sp.ci_fisher[0], hi=sp.ci_fisher[1], boot_lo=sp.ci_bootstrap[0],
+                   boot_hi=sp.ci_bootstrap[1])
         lo = panel.lopo(df, task)
         out.update(lopo_mae=lo.mae_model, const_mae=lo.mae_constant)
         ar = architecture_test(df, task, n_perm=n_perm, seed=seed)
@@ -199,13 +209,25 @@ def torch_threads(n: int = 1) -> None:
 # the pilot: every try, its table and its figure
 
 
+def split_try(t: str, variants: Sequence[str]) -> tuple[str, list[str]]:
+    """A pilot try 'setting' or 'setting @v1+v2' (the try runs only on those variants) -> (setting, variants)."""
+    setting, _, only = t.partition("@")
+    chosen = [v.strip() for v in only.split("+")] if only.strip() else list(variants)
+    bad = [v for v in chosen if v not in variants]
+    if bad:
+        raise ParameterError(f"parameter 'pilot_tries' names variant(s) {bad} in {t!r}; allowed: {', '.join(variants)}")
+    return setting.strip(), chosen
+
+
 def pilot_records(tries: Sequence[str], variants: Sequence[str], common: Mapping) -> list[dict]:
-    """One cached training record per (try, variant); a try is a setting string (see ``parse_setting``)."""
+    """One cached training record per (try, variant); a try is a setting string (see ``parse_setting``),
+    optionally limited to some variants with ' @v1+v2' (``split_try``)."""
     out = []
     for t in tries:
-        for v in variants:
-            rec, _ = bt.train_backcopy({**dict(common), **parse_setting(t), "variant": v}, need_model=False)
-            out.append({"try": t, **rec})
+        setting, chosen = split_try(t, variants)
+        for v in chosen:
+            rec, _ = bt.train_backcopy({**dict(common), **parse_setting(setting), "variant": v}, need_model=False)
+            out.append({"try": setting, **rec})
     return out
 
 
@@ -265,13 +287,13 @@ CONTRADICTED, NOT_TESTED = "contradicted", "not tested (precondition failed)"
 
 
 def _no_signal(test: Mapping, alpha: float) -> bool:
-    """rho undefined, its bootstrap interval containing 0, or its permutation p at or above alpha."""
+    """rho undefined, its (Fisher) interval containing 0, or its permutation p at or above alpha."""
     return ("rho" not in test or not np.isfinite(test.get("lo", np.nan)) or test["lo"] <= 0 <= test["hi"]
             or not test["p"] < alpha)
 
 
 def claim_verdict(test: Mapping, sign: int, precondition: bool, alpha: float = 0.05) -> str:
-    """'not tested' when the precondition failed; 'inconclusive' when rho is undefined, its bootstrap interval
+    """'not tested' when the precondition failed; 'inconclusive' when rho is undefined, its Fisher interval
     contains 0 or its permutation p >= alpha (too few models); else 'reproduced' when rho has the predicted
     sign, 'contradicted' when the opposite."""
     from sinklib.stats.verdicts import INCONCLUSIVE, REPRODUCED
@@ -311,18 +333,20 @@ CHAPTER9_PARAMS = _chapter9_params()
 
 def pilot_sentence(table: pd.DataFrame) -> str:
     """Which try made the sink form in every variant, with the emergence steps, or that none did."""
-    tries = list(dict.fromkeys(table["try"]))
+    tries, n_var = list(dict.fromkeys(table["try"])), table["variant"].nunique()
     for i, t in enumerate(tries):
         d = table[table["try"] == t]
-        if d["sink formed"].all():
+        if len(d) == n_var and d["sink formed"].all():
             steps = ", ".join(f"{r['variant']} first at step {int(r['emergence step'])}, for good from step "
                               f"{int(r['holds from step'])}" for _, r in d.iterrows())
             knob = ("no knob had to change: the first recipe formed it" if i == 0
                     else f"the one knob changed in try '{t}' (against the first recipe) made it form")
             return f"the sink formed in every variant under try '{t}' ({steps}); {knob}"
     formed = table[table["sink formed"]]
-    part = (", ".join(f"{r['variant']} under '{r['try']}'" for _, r in formed.iterrows()) or "no model")
-    return f"no try formed the sink in every variant (formed: {part})"
+    if formed.empty:
+        return "no try formed the sink in any variant"
+    part = "; ".join(f"the {r['variant']} variant under try '{r['try']}'" for _, r in formed.iterrows())
+    return f"no try formed the sink in every variant; it formed only in: {part}"
 
 
 def spread_table(base: pd.DataFrame) -> pd.DataFrame:
@@ -335,6 +359,24 @@ def spread_table(base: pd.DataFrame) -> pd.DataFrame:
                      "Sink_0.3 min": g["sink03"].min(), "Sink_0.3 max": g["sink03"].max(),
                      "with a sink": int((g["holds_from"].notna()).sum())})
     return pd.DataFrame(rows)
+
+
+def metrics_sentence(grid: Sequence[Mapping]) -> str:
+    """Why S and Sink_0.3 can disagree, shown on the panel's models where they do (Sink_0.3 at least one half
+    while S did not rise by the rule's 2): S is the median of the heads' log-odds (with two heads their mean), so
+    a head at almost 0 drags it far down; Sink_0.3 only counts heads above 0.3."""
+    out = []
+    for g in grid:
+        rec, _ = bt.train_backcopy(g["params"], need_model=False)
+        f, s0 = rec["final"], rec["history"][0]["S"]
+        if f["sink03"] >= bt.RULE["sink03"] and f["S"] - s0 < bt.RULE["s_rise"]:
+            heads = ", ".join(f"{m:.3f}" for layer in f["mass"] for m in layer)
+            out.append(f"{g['name']}: head masses {heads}, so Sink_0.3 = {f['sink03']:.2f} while S = {f['S']:.2f} "
+                       f"(a rise of {f['S'] - s0:+.2f})")
+    if not out:
+        return "S and Sink_0.3 agree on every panel model"
+    return ("S and Sink_0.3 disagree where one head crosses 0.3 and another attends to the first token almost "
+            "never, since S averages the heads' log-odds and Sink_0.3 counts heads: " + "; ".join(out))
 
 
 def band_sentence(base: pd.DataFrame, col: str, lo: float = 20.0, hi: float = 95.0) -> str:
@@ -365,12 +407,16 @@ def test_sentence(t: Mapping, verdict: str) -> str:
     arch = ""
     if t.get("within_p") is not None and np.isfinite(t["within_p"]):
         arch = f"; within-variant permutation p = {t['within_p']:.3f}, nested F-test p = {t['f_p']:.3f}"
-    return (f"{verdict}: rho = {t['rho']:+.2f} (n = {t['n']}, permutation p = {t['p']:.3f}, bootstrap 95 % "
+    return (f"{verdict}: rho = {t['rho']:+.2f} (n = {t['n']}, permutation p = {t['p']:.3f}, Fisher 95 % "
             f"interval [{t['lo']:+.2f}, {t['hi']:+.2f}]){lopo}{arch}")
 
 
-def causal_summary(ct: pd.DataFrame) -> pd.DataFrame:
-    """Mean rule and knowledge change per intervention, with the number of models."""
+def causal_summary(ct: pd.DataFrame, with_sink: Sequence[str] | None = None) -> pd.DataFrame:
+    """Mean rule and knowledge change per intervention, with the number of models; with `with_sink` (model
+    names with a sink by the pilot's rule) only over those, so a sink model is never averaged with one whose
+    head merely crosses 0.3."""
+    if with_sink is not None and not ct.empty:
+        ct = ct[ct["model"].isin(list(with_sink))]
     if ct.empty:
         return ct
     return ct.groupby("intervention", sort=False).agg(models=("model", "count"), rule=("rule change", "mean"),
@@ -378,12 +424,12 @@ def causal_summary(ct: pd.DataFrame) -> pd.DataFrame:
                                                       same_heads=("same_heads", "sum")).reset_index()
 
 
-def protect_sentence(df: pd.DataFrame) -> str:
-    """Prediction 3 (per-head QK-norm protects): the variants ordered by mean rule loss under VL, in words."""
-    m = df.groupby("qk_norm", sort=False)[RULE_TASK].mean().sort_values()
+def protect_sentence(df: pd.DataFrame, col: str = RULE_TASK) -> str:
+    """Prediction 3 (per-head QK-norm protects): the variants ordered by their mean `col` (a loss), in words."""
+    m = df.groupby("qk_norm", sort=False)[col].mean().sort_values()
     order = ", ".join(f"{k} {v:+.1f}" for k, v in m.items())
     held = m.index[0] == "per_head"
-    return (f"mean rule loss by variant, smallest first: {order} points; per-head QK-norm "
+    return (f"mean {col} by variant, smallest first: {order} points; per-head QK-norm "
             f"{'has' if held else 'does not have'} the smallest loss")
 
 
