@@ -80,6 +80,9 @@ def test_the_display_check_stores_the_result_and_warns():
 
     shell = InteractiveShell.instance()
     assert plots.install_display_check(shell) and plots.install_display_check(shell)  # twice is harmless
+    from IPython.core.pylabtools import select_figure_formats
+
+    select_figure_formats(shell, {"png"})  # what the inline backend does when it starts, after set_theme
     fig = _clean_figure()
     data, _ = shell.display_formatter.format(fig)
     assert data[plots.FIGURE_CHECK_MIME]["overlaps"] == []

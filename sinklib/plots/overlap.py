@@ -147,9 +147,8 @@ def _check_for_display(fig) -> dict[str, Any]:
 def install_display_check(shell=None) -> bool:
     """In IPython (`shell`, default the running one), check every displayed matplotlib Figure: its output gains
     `FIGURE_CHECK_MIME` and, when texts overlap, a printed warning. False outside IPython; installing twice is
-    harmless."""
-    from matplotlib.figure import Figure
-
+    harmless. The formatter recognises a Figure itself rather than through IPython's per-type registry, which
+    the inline backend clears of Figure entries when it starts (after `set_theme` has run, at the first figure)."""
     if shell is None:
         try:
             from IPython import get_ipython
@@ -161,20 +160,24 @@ def install_display_check(shell=None) -> bool:
     formatters = shell.display_formatter.formatters
     if FIGURE_CHECK_MIME not in formatters:
         formatters[FIGURE_CHECK_MIME] = _formatter_class()(parent=shell.display_formatter)
-    formatters[FIGURE_CHECK_MIME].for_type(Figure, _check_for_display)
     return True
 
 
 def _formatter_class():
-    from IPython.core.formatters import BaseFormatter
+    from IPython.core.formatters import BaseFormatter, catch_format_error
+    from matplotlib.figure import Figure
     from traitlets import ObjectName, Unicode
 
     class FigureCheckFormatter(BaseFormatter):
-        """IPython formatter of `FIGURE_CHECK_MIME`: the overlap check of a displayed Figure."""
+        """IPython formatter of `FIGURE_CHECK_MIME`: the overlap check of a displayed Figure (nothing otherwise)."""
 
         format_type = Unicode(FIGURE_CHECK_MIME)
         _return_type = (dict,)
         print_method = ObjectName("_repr_sinkbook_figure_check_")  # no object has it: only Figures are checked
+
+        @catch_format_error
+        def __call__(self, obj):
+            return _check_for_display(obj) if self.enabled and isinstance(obj, Figure) else None
 
     return FigureCheckFormatter
 
