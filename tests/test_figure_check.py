@@ -152,3 +152,16 @@ def test_figure_8_1_code_has_no_overlapping_labels():
                           xlabel="fraction of the last-K-layer heads ablated")
     assert plots.text_overlaps(fig) == []
     assert plots.rendered_font_px(fig) >= 15.5
+
+
+def test_the_panel_scatter_labels_its_pairs_without_overlaps():
+    """Figure 5.4's code: long pair labels at the panel's edge ran into the next panel's axis label."""
+    from sinklib.adapt.pairs import panel_row
+    from sinklib.stats import panel as P
+
+    changes = {"instructions strict": -4.2, "math strict": -1.7, "knowledge acc": 4.3, "perplexity ppl": 0.2}
+    df = P.validate_panel(pd.DataFrame([panel_row("smollm2-135m", 0.725, "none", changes),
+                                        panel_row("gemma3-270m", 0.001, "per_head", {k: 0.0 for k in changes})]))
+    fig = plots.scatter_panel(df, title="Measured panel: S against change")
+    assert plots.text_overlaps(fig) == []
+    assert sum(len(ax.texts) for ax in fig.axes) == 2 * 4  # every pair labelled in every panel

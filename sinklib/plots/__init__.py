@@ -14,6 +14,7 @@ import numpy as np
 
 from sinklib.plots.overlap import (FIGURE_CHECK_MIME, OVERLAP_MARK, Overlap, figure_check,  # noqa: F401
     figure_checks_in_notebook, install_display_check, label_points, overlap_warning, text_overlaps)
+from sinklib.plots.overlap import label_points as _place_labels  # scatter_panel's argument `label_points` hides it
 from sinklib.plots.panel_display import (TASK_ABBREVIATIONS, availability_table, caveat_lines,  # noqa: F401
     not_computed_lines, panel_tables, show_panel_summary, summary_tables, task_label)
 from sinklib.plots.table import (CELL_PAD_PX, CHAR_PX, COLUMN_PX, Table, fmt, number_text, short_label,  # noqa: F401
@@ -114,15 +115,13 @@ def change_label(task: str) -> str:
 def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", ncols: int = 2,
                   axes: Sequence[Any] | None = None, label_points: bool = True):
     """One scatter per task: S (x) against the change in points (y), labelled by pair (unless
-    `label_points` is False: a panel of many models), coloured by qk_norm.
+    `label_points` is False: a panel of many models; the labels are placed by `overlap.label_points` once the
+    layout is final, so none overlaps another text), coloured by qk_norm.
 
     Returns the matplotlib Figure (a new one, or the one holding ``axes``: one Axes per
     plotted task). Tasks with no pair holding both values are skipped; each panel's title
     gives Spearman rho when at least 3 pairs are available.
     """
-    from scipy import stats
-
-    from sinklib.core.anatomy import QK_NORM_TYPES
     from sinklib.errors import PanelError
 
     tasks = [t for t in (list(tasks) if tasks is not None else task_columns(df)) if len(usable(df, t))]
@@ -138,26 +137,7 @@ def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", nc
             raise PanelError(f"scatter_panel got {len(ax_list)} axes for {len(tasks)} tasks {tasks}")
         fig = ax_list[0].figure
     for ax, t in zip(ax_list, tasks):
-        d = usable(df, t)
-        for g in QK_NORM_TYPES:
-            s = d[d["qk_norm"] == g]
-            if len(s):
-                ax.scatter(s["S"], s[t], color=QK_NORM_COLORS[g], label=g, s=45, edgecolor="black", linewidth=0.5)
-        for _, r in (d.iterrows() if label_points else ()):
-            ax.annotate(str(r["pair"]).replace(" (this book)", ""), (r["S"], r[t]), textcoords="offset points",
-                        xytext=(0, 7), ha="center", fontsize=MIN_FONT_PT).set_in_layout(False)
-        ax.margins(x=0.3 if label_points else 0.08, y=0.25 if label_points else 0.1)
-        ax.axhline(0, color="grey", lw=0.8, ls=":")
-        sub = short_label(t[len(TASK_PREFIX):])
-        if len(d) >= 3 and np.ptp(d["S"]) > 0 and np.ptp(d[t]) > 0:
-            sub += f"\n(rho = {stats.spearmanr(d['S'], d[t]).statistic:.2f}, n = {len(d)})"
-        else:
-            sub += f"\n(n = {len(d)})"
-        ax.set_title(sub, fontsize=12)
-        ax.set_xlabel("Sink Strength S (log-odds)")
-        ax.set_ylabel(change_label(t))
-        if axes is not None:
-            ax.legend(title="QK-norm", fontsize=MIN_FONT_PT, title_fontsize=MIN_FONT_PT)
+        _scatter_task(ax, usable(df, t), t, label_points, legend=axes is not None)
     for ax in ax_list[len(tasks):]:
         ax.set_visible(False)
     if title:
@@ -169,7 +149,35 @@ def scatter_panel(df, tasks: Sequence[str] | None = None, *, title: str = "", nc
         fig.tight_layout(rect=(0, 0.7 / fig.get_figheight(), 1, 1))
     else:
         fig.tight_layout()
+    for ax, t in zip(ax_list, tasks) if label_points else ():  # once the layout is final: no label overlaps
+        d = usable(df, t)
+        _place_labels(ax, d["S"].to_numpy(float), d[t].to_numpy(float),
+                      [str(p).replace(" (this book)", "") for p in d["pair"]], fontsize=MIN_FONT_PT)
     return fig
+
+
+def _scatter_task(ax, d, t: str, label_points: bool, legend: bool) -> None:
+    """One panel of `scatter_panel`: the pairs of `d` (usable for task `t`) coloured by QK-norm type."""
+    from scipy import stats
+
+    from sinklib.core.anatomy import QK_NORM_TYPES
+
+    for g in QK_NORM_TYPES:
+        s = d[d["qk_norm"] == g]
+        if len(s):
+            ax.scatter(s["S"], s[t], color=QK_NORM_COLORS[g], label=g, s=45, edgecolor="black", linewidth=0.5)
+    ax.margins(x=0.3 if label_points else 0.08, y=0.25 if label_points else 0.1)
+    ax.axhline(0, color="grey", lw=0.8, ls=":")
+    sub = short_label(t[len(TASK_PREFIX):])
+    if len(d) >= 3 and np.ptp(d["S"]) > 0 and np.ptp(d[t]) > 0:
+        sub += f"\n(rho = {stats.spearmanr(d['S'], d[t]).statistic:.2f}, n = {len(d)})"
+    else:
+        sub += f"\n(n = {len(d)})"
+    ax.set_title(sub, fontsize=12)
+    ax.set_xlabel("Sink Strength S (log-odds)")
+    ax.set_ylabel(change_label(t))
+    if legend:
+        ax.legend(title="QK-norm", fontsize=MIN_FONT_PT, title_fontsize=MIN_FONT_PT)
 
 
 def placeholder(ax, message: str, title: str, xlabel: str = "Sink Strength S (log-odds)",
