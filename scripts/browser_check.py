@@ -8,7 +8,8 @@ every figure in a chapter's output is followed by a caption ("Figure N.k."); mat
 raw TeX delimiters left); no table or display equation is wider than the content column; no struck-through or
 unclosed markup (an `<s>`, `<del>` or `<strike>` element, or text drawn with line-through, in the article or its
 contents sidebar); no leftover object repr (``<... at 0x...>``) or raw numpy repr (``np.float64(``) in the text;
-no word written twice in the prose ("Lemma Lemma"). A screenshot of
+no word written twice in the prose ("Lemma Lemma"); no figure whose text overlaps (the warning that
+`sinklib.plots.overlap` prints under a figure it measured with overlapping labels, ``OVERLAP_MARK``). A screenshot of
 every page (1280 px and a 390 px phone width) goes to ``_build/screenshots/``; at the phone width the page
 itself must not scroll sideways. Chromium is Debian's package
 (``/usr/bin/chromium``), driven by Playwright without downloading a browser.
@@ -82,16 +83,21 @@ LEFTOVERS = (
     (re.compile(r"\bnp\.(?:float|int|uint|bool|str|complex)_?\d*\("), "raw numpy repr"),
     (re.compile(r"'(?:data/results|sinkbook_results|\$SINKBOOK_RESULTS)/[\w.-]+\.json'"), "results path echoed by a cell"),
 )
+#: the words `sinklib.plots.overlap.OVERLAP_MARK` starts its warning with, under a figure whose drawn texts overlap
+#: (measured when the chapter ran; a test checks the two agree)
+FIGURE_OVERLAP = re.compile(r"Figure check: overlapping text[^\n]*")
 #: a word written twice in prose ("Lemma Lemma 1", "exercise Exercise 20"); case-insensitive, 3+ letters
 DOUBLED = re.compile(r"\b([A-Za-z]{3,}) \1\b", re.IGNORECASE)
 
 
 def text_problems(text: str, prose: str) -> list[str]:
-    """Problems visible in a page's text: object and numpy reprs anywhere, doubled words in the prose."""
+    """Problems visible in a page's text: object and numpy reprs anywhere, doubled words in the prose, the warning
+    under a figure with overlapping text."""
     out = []
     for pat, what in LEFTOVERS:
         out += [f"{what} left in the page: {m.group(0)[:60]}" for m in pat.finditer(text)]
     out += [f"doubled word: {m.group(0)!r}" for m in DOUBLED.finditer(prose)]
+    out += [f"figure with overlapping text labels: {m.group(0)[:160]}" for m in FIGURE_OVERLAP.finditer(text)]
     return sorted(set(out))
 
 

@@ -44,3 +44,20 @@ def test_the_pattern_catches_what_it_should():
     for ok in ("data/results/01.json", "$SINKBOOK_RESULTS/01.json", "a/tmp/b", "2/3 of heads"):
         assert not MACHINE_PATH.search(ok), ok
     assert WARNING.search("UserWarning: IProgress not found")
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=[p.stem for p in EXECUTED])
+def test_no_figure_with_overlapping_text(path):
+    """Every figure measured when its chapter ran (`sinklib.plots.overlap`, installed by `plots.set_theme`) has no
+    overlapping text; a copy executed before the check existed has figures without a stored check, which pass."""
+    import json
+
+    from sinklib.plots import OVERLAP_MARK, figure_checks_in_notebook
+
+    nb = json.loads(path.read_text())
+    for i, check in figure_checks_in_notebook(nb):
+        assert not (check or {}).get("overlaps"), f"{path.name} cell {i}: a figure's texts overlap: {check['overlaps']}"
+    for i, c in enumerate(nb["cells"]):
+        for o in c.get("outputs", []):
+            text = "".join(o.get("text", "")) if o.get("output_type") == "stream" else ""
+            assert OVERLAP_MARK not in text, f"{path.name} cell {i} warns of overlapping figure text: {text[:300]}"

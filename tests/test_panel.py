@@ -389,7 +389,36 @@ def test_availability_and_summary_tables_fit():
     for _, tables in out:
         assert all(t.width_px() <= plots.COLUMN_PX for t in tables)
     arch = [c for t in out[2][1] for c in t.frame.columns]
-    assert "partial rho" in arch and "min p" in arch
+    assert "partial rho" in arch and "smallest possible p" in arch
+    assert not any("_" in str(c) for _, tables in out for t in tables for c in t.frame.columns)  # words, not code
+
+
+def test_a_fact_shared_by_tasks_is_shown_once():
+    """#31: a panel too small for every statistic shows no 18 identical cells, and one line per reason."""
+    from sinklib import plots
+
+    av = plots.availability_table(P.availability(_measured_two_models()))
+    assert list(av.frame.columns) == ["n change", "n with S"]  # nothing computable: the three columns go
+    assert av.legend.count("at least 3 pairs") == 1 and "none of the three" in av.legend
+    df = P.validate_panel(make_panel())
+    av = plots.availability_table(P.availability(df))  # ifeval: six pairs; math: one
+    assert (av.frame.loc["math", ["Spearman rho", "LOPO", "S beyond QK-norm"]] == "").all()
+    assert "too few for math" in av.legend and av.frame.loc["ifeval", "Spearman rho"] == "yes"
+    summary = P.panel_summary(_measured_two_models(), n_boot=99, n_perm=99)
+    lines = plots.not_computed_lines(summary)
+    assert len(lines) == 1 and "instr. strict, instr. lenient" in lines[0] and "delta_" not in lines[0]
+    summary = P.panel_summary(df, n_boot=99, n_perm=99)
+    items = plots.caveat_lines(summary)
+    assert len(items) == len(set(items)) and len(items) <= len(summary["caveats"])
+
+
+def test_number_text_never_shows_a_small_value_as_zero():
+    from sinklib.plots import number_text
+
+    assert number_text(0.000145) == "0.000145" and number_text(1.4e-4, 2) == "0.00014"
+    assert number_text(-1.97e-17, 4) == "0.0000" and number_text(-0.00001, 4) == "-1e-05"
+    assert number_text(0.5) == "0.500" and number_text(float("nan")) == "" and number_text(None) == ""
+    assert number_text(0.0) == "0.000"
 
 
 def test_figure_text_reads_at_body_size():

@@ -78,6 +78,25 @@ def test_text_checks_find_leftovers_and_doubled_words():
     assert browser_check.text_problems("np.mean(x) at 0 x", "none\tnone, a a, the theory") == []
 
 
+def test_text_checks_find_a_figure_with_overlapping_text():
+    """The warning printed under a figure with overlapping labels (sinklib.plots.overlap) fails its page."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinklib import plots
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.annotate("same place", (0.5, 0.5))
+    ax.annotate("same place", (0.5, 0.5))
+    warning = plots.overlap_warning(plots.text_overlaps(fig))
+    plt.close(fig)
+    assert warning.startswith(plots.OVERLAP_MARK)
+    found = browser_check.text_problems(f"Figure 2.1 code\n{warning}\nmore text", "")
+    assert len(found) == 1 and found[0].startswith("figure with overlapping text labels: " + plots.OVERLAP_MARK)
+
+
 def test_browser_finds_struck_through_markup(tmp_path):
     """An unclosed <s> (as '<condition> seed <s>' once became) is reported, in a real browser."""
     if browser_check.chromium() is None:

@@ -337,3 +337,39 @@ def _chapter6_params() -> dict:
 
 
 CHAPTER6_PARAMS = _chapter6_params()
+
+
+def recovery_figure(merged, models):
+    """Chapter 6's merges as points, one panel per model of `models`: the VQA accuracy each merge keeps (x) against
+    its strict-format mean minus the VL model's (y), the base LLM's level dashed; `merged` holds
+    `sinklib.adapt.pairs.condition_row` rows (model, condition 'base', 'vl', 'merge:<method>', scores). Points are
+    labelled by method with `sinklib.plots.label_points` (no label overlaps another text; points that coincide share
+    one label). Returns the Figure."""
+    import numpy as np
+
+    from sinklib import plots
+    from sinklib.adapt.pairs import strict_mean
+
+    fig, axes = plots.subplots(len(models), 1, height=4.0)
+    points = []
+    for ax, name in zip(axes, models):
+        d = merged[merged.model == name].set_index("condition")
+        fmt = strict_mean(d)
+        conds = [c for c in d.index if c != "base"]
+        x = d.loc[conds, "VQA (%)"].to_numpy(float)
+        y = (fmt[conds] - fmt["vl"]).to_numpy(float)
+        vl = np.array([c == "vl" for c in conds])
+        ax.scatter(x[~vl], y[~vl], s=40, zorder=3, color="tab:blue")
+        ax.scatter(x[vl], y[vl], s=40, zorder=4, color="black")  # the VL model on top of a merge that equals it
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axhline(fmt["base"] - fmt["vl"], color="tab:green", ls="--", lw=1, label="base LLM level")
+        ax.margins(x=0.12, y=0.12)
+        ax.set_title(f"{name}: text recovery against visual retention")
+        ax.set_xlabel("VQA accuracy kept by the merged model (%)")
+        ax.set_ylabel("strict score minus VL (points)")
+        ax.legend(loc="lower right")
+        points.append((ax, x, y, [c.replace("merge:", "") for c in conds]))
+    fig.tight_layout()
+    for ax, x, y, labels in points:
+        plots.label_points(ax, x, y, labels, fontsize=plots.MIN_FONT_PT)
+    return fig

@@ -17,7 +17,7 @@ from scipy import stats
 from sinklib.core.anatomy import QK_NORM_TYPES
 from sinklib.errors import PanelError
 from sinklib.stats.rank import _check_alternative, _check_xy, pvalue_from_null
-from sinklib.stats.schema import usable
+from sinklib.stats.schema import task_name, usable
 
 
 def _dummies(groups: Sequence[str]) -> np.ndarray:
@@ -133,11 +133,13 @@ def architecture_test(
     d = usable(df, task)
     n = len(d)
     if n < 3:
-        raise PanelError(f"the architecture test on {task} needs at least 3 pairs with S and {task}, got {n}")
+        raise PanelError(f"the architecture test on {task_name(task)} needs at least 3 pairs with both S and the change, "
+                         f"got {n}")
     x = d["S"].to_numpy(float)
     y = d[task].to_numpy(float)
     if np.ptp(x) == 0 or np.ptp(y) == 0:
-        raise PanelError(f"the architecture test on {task} is undefined: S or {task} is constant over the {n} pairs")
+        raise PanelError(f"the architecture test on {task_name(task)} is undefined: S or the change is constant over "
+                         f"the {n} pairs")
     groups = d["qk_norm"].tolist()
     sizes = {g: int(c) for g, c in pd.Series(groups).value_counts().items()}
     sizes = {g: sizes[g] for g in QK_NORM_TYPES if g in sizes}

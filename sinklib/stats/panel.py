@@ -26,7 +26,7 @@ import pandas as pd
 from sinklib.core.anatomy import QK_NORM_TYPES
 from sinklib.errors import PanelError
 from sinklib.stats.schema import (PAPER_CSV, PANEL_KEYS, REQUIRED_COLUMNS, STRICT_TASK, TASK_PREFIX,
-    TINY_STRICT_TASK, collect_panel_rows, read_panel, task_column, task_columns, usable, validate_panel)
+    TINY_STRICT_TASK, collect_panel_rows, read_panel, task_column, task_columns, task_name, usable, validate_panel)
 from sinklib.core.params import COMMON, check_str, integer, list_of, number, text
 
 from sinklib.stats.architecture import ArchitectureResult, architecture_test, partial_spearman
@@ -61,7 +61,7 @@ def lopo(df: pd.DataFrame, task: str, predictor: str = "S") -> LopoResult:
     n = len(d)
     if n < 3:
         raise PanelError(
-            f"leave-one-pair-out on {task} needs at least 3 pairs with both {predictor} and {task}, got {n}"
+            f"leave-one-pair-out on {task_name(task)} needs at least 3 pairs with both {predictor} and the change, got {n}"
         )
     x = d[predictor].to_numpy(float)
     y = d[task].to_numpy(float)
@@ -70,7 +70,7 @@ def lopo(df: pd.DataFrame, task: str, predictor: str = "S") -> LopoResult:
         keep = np.arange(n) != i
         if np.ptp(x[keep]) == 0:
             raise PanelError(
-                f"leave-one-pair-out on {task}: without pair {d['pair'][i]!r} every other pair has "
+                f"leave-one-pair-out on {task_name(task)}: without pair {d['pair'][i]!r} every other pair has "
                 f"{predictor} = {x[keep][0]}, so the OLS slope is undefined"
             )
         fit = sm.OLS(y[keep], sm.add_constant(x[keep])).fit()
@@ -187,7 +187,7 @@ def panel_summary(
 
 
 def measured_statistic(summary: dict[str, pd.DataFrame] | None, stat: str, tasks: Sequence[str] = (STRICT_TASK,)) -> str:
-    """One statistic of a measured panel's `panel_summary` as text: 'rho' (with n, task, p) or 'lopo'
+    """One statistic of a measured panel's `panel_summary` as text: 'rho' (with n, the task in words, p) or 'lopo'
     (model vs constant MAE), on the first of `tasks` the summary has (else its first task)."""
     if summary is None:
         return "n/a: no measured pairs (run chapter 4)"
@@ -198,9 +198,10 @@ def measured_statistic(summary: dict[str, pd.DataFrame] | None, stat: str, tasks
         return "n/a: no task columns"
     if stat == "rho":
         r = rho_t.loc[task]
-        return f"{r['rho']:.3f} (n = {r['n']}, {task}, p = {r['p_value']:.3g})" if np.isfinite(r["rho"]) else f"n/a: {r['note']}"
+        return (f"{r['rho']:.3f} (n = {r['n']}, {task_name(task)}, p = {r['p_value']:.3g})" if np.isfinite(r["rho"])
+                else f"n/a: {r['note']}")
     r = lopo_t.loc[task]
-    return (f"{r['mae_model']:.2f} pt vs {r['mae_constant']:.2f} pt (n = {r['n']}, {task})"
+    return (f"{r['mae_model']:.2f} pt vs {r['mae_constant']:.2f} pt (n = {r['n']}, {task_name(task)})"
             if np.isfinite(r["mae_model"]) else f"n/a: {r['note']}")
 
 
@@ -237,7 +238,7 @@ CHAPTER5_PARAMS = {
 
 __all__ = [
     "REQUIRED_COLUMNS", "TASK_PREFIX", "QK_NORM_TYPES", "PAPER_CSV", "STRICT_TASK", "architecture_statistic", "TINY_STRICT_TASK", "PANEL_KEYS",
-    "task_column", "task_columns", "measured_statistic", "CHAPTER5_PARAMS", "validate_panel", "read_panel",
+    "task_column", "task_columns", "task_name", "measured_statistic", "CHAPTER5_PARAMS", "validate_panel", "read_panel",
     "collect_panel_rows", "usable", "rho_from_d2", "d2_from_rho", "PermutationResult", "spearman_permutation",
     "rho_null", "pvalue_from_null", "fisher_ci", "bootstrap_ci", "SpearmanResult", "spearman",
     "tie_configurations", "simulate_rho", "LopoResult", "lopo", "constant_lopo_mae", "per_task",

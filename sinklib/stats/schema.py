@@ -43,6 +43,11 @@ def task_column(metric: str) -> str:
     return TASK_PREFIX + metric.replace(" ", "_")
 
 
+def task_name(task: str) -> str:
+    """A task column in words, for messages a reader sees: 'delta_instructions_strict' -> 'instructions strict'."""
+    return (task[len(TASK_PREFIX):] if task.startswith(TASK_PREFIX) else task).replace("_", " ")
+
+
 #: the measured panel's strict instruction-following change: written by chapter 4
 #: (`sinklib.adapt.pairs.panel_row`), the headline task of chapter 5's measured panel
 STRICT_TASK = task_column("instructions strict")
