@@ -177,6 +177,12 @@ def test_settings_parse_and_grid():
     g = sp.model_grid(["none", "per_head"], ["base", "lr:0.001"], [0, 1], TINY)
     assert len(g) == 8 and len({x["name"] for x in g}) == 8
     assert g[-1]["params"]["lr"] == 0.001 and g[-1]["params"]["seed"] == 1
+    r = sp.model_grid(["none", "per_head"], ["base", "lr:0.001"], [0, 1], TINY, replicated=["base"])
+    assert [x["name"] for x in r] == ["none|base|s0", "per_head|base|s0", "none|lr:0.001|s0", "per_head|lr:0.001|s0",
+                                      "none|base|s1", "per_head|base|s1"]
+    assert sp.model_grid(["none"], ["base"], [0, 1], TINY, replicated=[]) == sp.model_grid(["none"], ["base"], [0, 1], TINY)
+    with pytest.raises(ParameterError, match="replicate_settings"):
+        sp.model_grid(["none"], ["base"], [0, 1], TINY, replicated=["lr:0.1"])
 
 
 def test_panel_tables_statistics_and_causal(cache_tmp):

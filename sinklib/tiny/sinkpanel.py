@@ -45,11 +45,19 @@ def parse_setting(setting: str) -> dict:
     return out
 
 
-def model_grid(variants: Sequence[str], settings: Sequence[str], seeds: Sequence[int], common: Mapping) -> list[dict]:
-    """One entry per model: {'name', 'variant', 'setting', 'seed', 'params'} (params: training parameters)."""
+def model_grid(variants: Sequence[str], settings: Sequence[str], seeds: Sequence[int], common: Mapping,
+               replicated: Sequence[str] | None = None) -> list[dict]:
+    """One entry per model: {'name', 'variant', 'setting', 'seed', 'params'} (params: training parameters).
+    With `replicated` (a subset of `settings`), only those settings are trained with every seed and the others
+    with the first seed alone; None or empty: every setting with every seed."""
+    bad = [s for s in (replicated or []) if s not in settings]
+    if bad:
+        raise ParameterError(f"parameter 'replicate_settings' names {bad}, which are not in settings {list(settings)}")
     grid = []  # seeds outermost: a panel cut short still holds every setting and variant of the first seeds
-    for seed in seeds:
+    for i, seed in enumerate(seeds):
         for setting in settings:
+            if i > 0 and replicated and setting not in replicated:
+                continue
             for variant in variants:
                 p = bt.train_params(**{**dict(common), **parse_setting(setting), "variant": variant, "seed": int(seed)})
                 grid.append({"name": f"{variant}|{setting}|s{seed}", "variant": variant, "setting": setting,
@@ -318,7 +326,7 @@ def _chapter9_params() -> dict:
 
     return {"variants": list_of(choice(bc.VARIANTS)), "pilot_tries": list_of(text()), "pilot_steps": integer(1),
             "check_every": integer(1), "batch": integer(1), "eval_n": integer(1), "settings": list_of(text()),
-            "seeds": list_of(integer(0)), "panel_steps": integer(1), "stage1_steps": integer(1),
+            "seeds": list_of(integer(0)), "replicate_settings": list_of(text(), min_len=0), "panel_steps": integer(1), "stage1_steps": integer(1),
             "stage2_steps": integer(1), "lr_lm": number(0.0, 1.0), "vqa_n": integer(10), "n_perm": integer(99),
             "n_boot": integer(99), "threads": integer(1, 64), "run_panel": boolean(), **COMMON}
 
