@@ -120,3 +120,19 @@ def test_chapter4_verdicts_pool_the_training_seeds():
     one = delta(doc, "m", "vl", "base", ("instructions strict", "math strict"))
     assert k == 2 and abs(e.v + 10) < 1e-9 and abs(one.v + 20) < 1e-9 and e.hi - e.lo > one.hi - one.lo
     assert chapter4_verdicts(doc, "m")["VL: strict-format change (pt)"].startswith("−10.0 [")
+
+
+def _ch9(pilot, base):
+    return {"results": {"pilot": [{"try": t, "variant": v, "sink formed": f} for t, v, f in pilot],
+                        "base": [{"model": m, "variant": m.split("|")[0], "holds_from": h} for m, h in base]}}
+
+
+def test_tiny_sink_sentence_counts_each_model_once(monkeypatch):
+    pilot = [("base", "none", True), ("base", "per_head", False), ("steps:1800", "per_head", False)]
+    base = [("none|base|s0", 425), ("per_head|base|s0", None), ("none|base|s1", None)]
+    _fake(monkeypatch, {"09_sink_panel": _ch9(pilot, base)})
+    s = findings.tiny_sinks_by_norm(Results())
+    # none|base|s0 is the pilot's base model: counted once
+    assert "1 of 2 without QK-norm, 0 of 2 with per-head QK-norm" in s and "did not protect a sink" in s
+    _fake(monkeypatch, {"09_sink_panel": _ch9([("base", "per_head", True)], [])})
+    assert "did not protect" not in findings.tiny_sinks_by_norm(Results())

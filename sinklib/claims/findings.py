@@ -138,7 +138,31 @@ def recovery_cost(res: Results) -> str:
             "original model), so the injection's drop must be read against that control (row 8a).") if d else ""
 
 
-FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost)
+def tiny_sinks_by_norm(res: Results) -> str:
+    """Chapter 9: in how many Bigram-Backcopy models of each QK-norm variant a sink formed by the rule stated
+    before the pilot (pilot tries and panel models together, each model once)."""
+    r = res("09_sink_panel")["results"]
+    seen: dict[str, dict] = {}
+    for row in r.get("pilot") or []:
+        # named as the panel names its models, so a pilot model that is also a panel model counts once
+        seen[f"{row['variant']}|{row['try']}|s0"] = {"v": row["variant"], "sink": bool(row["sink formed"])}
+    for row in r.get("base") or []:
+        seen.setdefault(row["model"], {"v": row["variant"], "sink": row.get("holds_from") is not None})
+    by: dict[str, list[bool]] = {}
+    for x in seen.values():
+        by.setdefault(x["v"], []).append(x["sink"])
+    if not by:
+        return ""
+    kind = {"none": "without QK-norm", "per_head": "with per-head QK-norm", "layerwise": "with layerwise QK-norm"}
+    parts = ", ".join(f"{sum(v)} of {len(v)} {kind.get(k, k)}" for k, v in by.items())
+    normed = [x for k, v in by.items() if k != "none" for x in v]
+    tail = (" In these models QK normalisation did not protect a sink: no sink formed with it."
+            if normed and not any(normed) and any(by.get("none", [])) else "")
+    return (f"In chapter 9's tiny Bigram-Backcopy models a sink formed, by the rule stated before the pilot, in "
+            f"{parts} (pilot tries and panel models together).{tail}")
+
+
+FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_norm)
 
 
 def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
@@ -172,7 +196,8 @@ def other_findings() -> str:
 
 #: findings beyond the claim rows that belong on a chapter's "What we found"
 CHAPTER_FINDINGS: dict[str, tuple[Callable[[Results], str], ...]] = {
-    CH2: (s_by_norm,), CH4: (s_trajectory,), "06_negative_controls": (recovery_cost,), CH8: (bos_ablation,)}
+    CH2: (s_by_norm,), CH4: (s_trajectory,), "06_negative_controls": (recovery_cost,), CH8: (bos_ablation,),
+    "09_sink_panel": (tiny_sinks_by_norm,)}
 
 
 def chapter_found(stem: str, evaluated: list[Evaluated]) -> str:
