@@ -369,6 +369,18 @@ def spread_table(base: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: chapter 9's table columns as a reader sees them (``readable``)
+HEADERS = {"sink03": "Sink_0.3", "top_head": "strongest head", "emergence_step": "first at step",
+           "holds_from": "holds from step", "rule_acc": "rule acc %", "know_acc": "knowledge acc %",
+           "know_ppl": "knowledge ppl", "task_acc": "image task acc %", "task_lo": "its Wilson lo", "majority": "majority %",
+           "learned": "task learned", "seconds": "train s", "same_heads": "random = sink heads", "k": "heads removed"}
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with the snake_case columns of chapter 9's tables renamed to words (``HEADERS``)."""
+    return df.rename(columns=HEADERS)
+
+
 def metrics_sentence(grid: Sequence[Mapping]) -> str:
     """Why S and Sink_0.3 can disagree, shown on the panel's models where they do (Sink_0.3 at least one half
     while S did not rise by the rule's 2): S is the median of the heads' log-odds (with two heads their mean), so
