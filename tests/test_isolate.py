@@ -220,3 +220,26 @@ def test_plot_sink_text_labels_every_condition():
     assert fig.axes[0].texts[0].xy == (pytest.approx(-0.05), pytest.approx(-1.0))  # at the seeds' mean
     assert [t.get_text() for t in fig.axes[1].texts] == []  # random controls are hollow and unlabelled
     assert len(fig.axes[1].collections) == 2 and len(fig.axes[0].collections) == 2
+
+
+def test_condition_means_pool_seed_replicates_before_correlating():
+    import pandas as pd
+
+    from sinklib.adapt.isolate import condition_means, sink_text_correlation
+
+    rows = pd.DataFrame({
+        "model": ["m"] * 7,
+        "condition": ["vl", "vl seed 1", "vl seed 2", "text_only", "text_only seed 1", "random", "isolate"],
+        "sink mass change": [0.1, 0.3, 0.2, -0.5, -0.3, 0.0, 0.4],
+        "S change": [0.0] * 7,
+        "strict-format mean change": [1.0, 3.0, 2.0, -5.0, -3.0, 0.0, 4.0],
+        "knowledge acc change": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]})
+    means = condition_means(rows)
+    assert list(means["condition"]) == ["vl", "text_only", "random", "isolate"]
+    assert list(means["replicates"]) == [3, 2, 1, 1]
+    assert means.loc[means.condition == "vl", "sink mass change"].item() == pytest.approx(0.2)
+    assert means.loc[means.condition == "text_only", "strict-format mean change"].item() == pytest.approx(-4.0)
+    corr = sink_text_correlation(means)
+    strict = corr[corr.metric == "strict-format mean"].iloc[0]
+    assert strict["n"] == 4 and strict["rho"] == pytest.approx(1.0)
+    assert strict["p"] >= 2 / 24 - 1e-12       # n = 4: the smallest exact two-sided p is 2/24

@@ -210,6 +210,18 @@ def sink_text_rows(evaluations: Mapping[tuple[str, str], dict], last_k: Mapping[
 EXACT_MAX_N = 8
 
 
+def condition_means(rows: pd.DataFrame) -> pd.DataFrame:
+    """`sink_text_rows` with the training-seed replicates of a condition ('vl seed 1', 'vl seed 2' next to 'vl')
+    averaged into one row per (model, condition), so that a correlation across conditions counts each condition
+    once: replicates are not independent conditions (with 3 seeds x 3 conditions + 1, a rho over 10 points
+    overstates n; over the 4 condition means the smallest two-sided p is 2/24)."""
+    base = rows["condition"].astype(str).str.split(" seed ").str[0]
+    num = [c for c in rows.columns if c not in ("model", "condition") and pd.api.types.is_numeric_dtype(rows[c])]
+    out = rows.assign(condition=base).groupby(["model", "condition"], sort=False)[num].mean().reset_index()
+    out["replicates"] = rows.assign(condition=base).groupby(["model", "condition"], sort=False).size().to_numpy()
+    return out
+
+
 def sink_text_correlation(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-format mean", "knowledge acc"),
                           x: str = "sink mass change") -> pd.DataFrame:
     """Spearman rho between `x` and each metric's change across the adapted conditions, per model and over all
