@@ -158,7 +158,8 @@ def test_gguf_header_reads_keys_after_arrays_and_refuses_other_files(tmp_path):
 def test_qwen_models_are_registered_with_their_extra():
     """The registry's part packages and versions are exactly pyproject's extra `qwen`."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    pinned = [f"{p}=={s.parts.version}" for s in sm.MODELS.values() if s.parts for p in s.parts.packages]
+    pinned = [f"{p}=={s.parts.version}" for s in sm.MODELS.values() if s.parts and s.extra == "qwen"
+              for p in s.parts.packages]
     assert sorted(pinned) == sorted(extras["qwen"])
     for name, arch_name in (("qwen2.5-coder-0.5b", "0.5B"), ("qwen2.5-coder-1.5b", "1.5B")):
         spec = sm.MODELS[name]
@@ -217,3 +218,12 @@ def test_qwen_15b_parts_join_to_the_pinned_file():
     path = sm.gguf_path("qwen2.5-coder-1.5b")
     assert path.stat().st_size == spec.parts.size and sm._sha256(path) == spec.parts.sha256
     assert gp.gguf_header(path) == {"general.architecture": "qwen2", "general.name": spec.parts.name}
+
+
+def test_gemma_joins_from_its_parts_verified():
+    """Gemma-3's four chunks are a PartSet too (#29): pinned sha256 and size, its chunk pattern, and each pinned
+    part package is one the `models` extra installs."""
+    spec = sm.MODELS["gemma3-270m"]
+    assert spec.parts is not None and spec.parts.pattern == "*.gguf.part*" and spec.parts.architecture == "gemma3"
+    assert len(spec.parts.sha256) == 64 and spec.parts.size == 253_113_024
+    assert set(spec.parts.packages) < set(spec.packages)

