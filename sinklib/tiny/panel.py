@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from sinklib.stats import panel as stats
 from sinklib.errors import ParameterError
 from sinklib.stats.schema import validate_panel
 from sinklib.core.params import check_choice, check_int
+from sinklib.core.train import THREADS_ENV
 from sinklib.tiny.adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
 from sinklib.tiny.evaluate import KNOWLEDGE_OPTIONS
 from sinklib.tiny.model import VARIANTS
@@ -106,6 +108,8 @@ def _prepare_one(job: tuple[dict, str, int]) -> dict:
     """One model of a plan, in a worker process: trained, evaluated and adapted into the cache."""
     spec, profile, threads = job
     import torch
+
+    os.environ[THREADS_ENV] = str(threads)  # the training loop's fixed count would put 2 x 2 threads on 2 cores
 
     from sinklib.tiny.train import train_tiny
 
