@@ -54,13 +54,17 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
                 stage2_steps: int = vl.RECIPE["stage2_steps"], batch_size: int = vl.RECIPE["batch_size"],
                 lr_projector: float = vl.RECIPE["lr_projector"], lr_lm: float = vl.RECIPE["lr_lm"],
                 lr_projector_stage2: float | None = vl.RECIPE["lr_projector_stage2"],
-                schedule: str = vl.RECIPE["schedule"], weights: str = "") -> dict:
+                schedule: str = vl.RECIPE["schedule"], weights: str = "", lm_method: str = "full",
+                lora_rank: int | None = None, lora_alpha: float | None = None,
+                lora_targets: Sequence[str] | None = None) -> dict:
     """The parameters that identify an adapted pair (validated); `weights` is the base weights hash.
 
     Defaults: `sinklib.vl.RECIPE`. `lr_projector_stage2=None` keeps `lr_projector` in stage 2; the
-    key always holds the resolved rate.
+    key always holds the resolved rate. `lm_method='lora'` (`sinklib.vl.lora`) adds the four `vl.LORA_KEYS` with
+    their resolved values; the default 'full' adds none, so full fine-tunes keep their cache keys.
     """
     lr_projector = check_float("lr_projector", lr_projector, 0.0, 1.0)
+    method = vl.check_lm_method(lm_method, lora_rank, lora_alpha, lora_targets)
     return {
         "model": model, "weights": weights,
         "seed": check_int("seed", seed, 0),
@@ -73,6 +77,7 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
         "lr_projector_stage2": lr_projector if lr_projector_stage2 is None
         else check_float("lr_projector_stage2", lr_projector_stage2, 0.0, 1.0),
         "schedule": check_choice("schedule", schedule, vl.SCHEDULES),
+        **method.params(),
     }
 
 
@@ -169,7 +174,8 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
     trained: dict[str, bool] = {}
     projector = encoder = None
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
-                  schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every, progress=progress)
+                  schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every,
+                  progress=progress, **vl.lm_method_of(params).params())
 
     for kind in ("vl", "text_only", *extra):
         path = condition_dir(params, kind)
@@ -406,7 +412,9 @@ def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
     keys = ("seed", "image_size", "stage1_steps", "stage2_steps", "batch_size", "lr_projector", "lr_lm",
             "lr_projector_stage2", "schedule")
     own = vl.recipe_for(name)  # a parameter set to vl.FROM_RECIPE takes the model's recipe value
-    return pair_params(name, weights=weights, **{k: own[k] if params[k] == vl.FROM_RECIPE else params[k] for k in keys})
+    recipe = {k: own[k] if params[k] == vl.FROM_RECIPE else params[k] for k in keys}
+    method = {k: params[k] for k in vl.LORA_KEYS if k in params}  # a chapter without LoRA parameters: 'full'
+    return pair_params(name, weights=weights, **recipe, **method)
 
 
 # ---------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def train_point(lm: Any, params: Mapping[str, Any], *, progress: bool = False) -
         res = vl.train_vl(lm.model, lm.tokenizer, stage1_steps=0, stage2_steps=params["stage2_steps"],
                           lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
                           lr_projector_stage2=params["lr_projector_stage2"], encoder=ck.encoder,
-                          projector=ck.projector, **_common(params, progress))
+                          projector=ck.projector, **_common(params, progress), **vl.lm_method_of(params).params())
         cache.save_checkpoint(d, lm.model, res.projector, res.encoder,
                               meta={"kind": "vl sweep point", "seconds": res.seconds, "history": res.history,
                                     "params": dict(params)})

@@ -12,6 +12,8 @@ The modules, in the order the book uses them:
 - `train`: `train_vl` (stage 1: projector only; stage 2: every LM weight and the projector) and
   `train_text_only` (the same items, order, steps, optimiser and schedule as stage 2, the scene
   given as text), both through `sinklib.core.train.run`.
+- `lora`: the `lm_method='lora'` option of both trainings: low-rank adapters on the LM's linear layers, merged
+  into the weights after training (`check_lm_method`, `lm_method_of`, `LORA_KEYS`; memory rule of thumb).
 - `evaluate`: VQA accuracy by greedy decoding or by scoring the closed answer set; the held-out
   item streams (`heldout_items`, `tracking_items`) and their seed offsets.
 - `controls`: state-dict snapshots and the norm-matched random weight change.
@@ -25,6 +27,7 @@ from sinklib.vl.controls import (clone_state_dict, random_direction_like, relati
     tensor_group)
 from sinklib.vl.evaluate import (MAJORITY_TRAIN_ITEMS, VQA_EVAL_SEED_OFFSET, VQA_TRACK_SEED_OFFSET,
     against_majority, heldout_items, tracking_items, vqa_accuracy, vqa_predict)
+from sinklib.vl.lora import LM_METHODS, LORA_KEYS, LMMethod, check_lm_method, lm_method_of
 from sinklib.vl.model import (PROMPT_PREFIX, load_checkpoint, Batch, FrozenVisionEncoder, Projector, answer_logits, answer_loss,
     build_batch, embedding_rms, encoder_probe_accuracy, hidden_states, images_to_tensor, make_encoder,
     make_projector)
@@ -42,4 +45,5 @@ __all__ = [
     "IMAGE_SIZE", "QUESTION_TYPES", "ROWS", "SHAPES", "QAItem", "Scene", "Shape", "batch_items", "check_image_size",
     "check_qtypes", "describe", "eval_items", "make_items", "make_scenes", "majority_baseline", "render", "RECIPE",
     "SCHEDULES", "VLResult", "train_text_only", "train_vl", "FROM_RECIPE", "MODEL_RATES", "recipe_for", "ANSWER_STYLES", "sentence_answer",
+    "LM_METHODS", "LORA_KEYS", "LMMethod", "check_lm_method", "lm_method_of",
 ]

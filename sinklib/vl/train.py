@@ -2,9 +2,10 @@
 through the one training loop `sinklib.core.train.run`.
 
 Stage 1 trains the projector only (every LM weight frozen); stage 2 trains every LM parameter
-(at `lr_lm`) and the projector. AdamW, a short linear warm-up, then a constant (default) or
-cosine learning rate, gradient clipping, seeded. The loss is the mean cross-entropy over the
-answer tokens only (the one-word answer and the end-of-sequence token).
+(at `lr_lm`) and the projector, or with `lm_method='lora'` low-rank adapters on the LM's linear layers instead
+of its weights, merged into them after training (`sinklib.vl.lora`; the text-only control likewise). AdamW, a
+short linear warm-up, then a constant (default) or cosine learning rate, gradient clipping, seeded. The loss is
+the mean cross-entropy over the answer tokens only (the one-word answer and the end-of-sequence token).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from sinklib.core import train
 from sinklib.core.anatomy import device_dtype
 from sinklib.errors import ParameterError
 from sinklib.core.params import check_choice, check_float, check_int
+from sinklib.vl import lora
 from sinklib.vl.model import (Batch, FrozenVisionEncoder, Projector, answer_loss, build_batch, make_encoder,
     make_projector)
 from sinklib.vl.scenes import (ANSWER_STYLES, GRID, QUESTION_TYPES, batch_items, check_image_size, check_qtypes,
@@ -86,7 +88,8 @@ def _call_callback(callback, step: int, model, stage: str, projector, encoder, s
     was = model.training
     model.eval()
     try:
-        value = callback(step, model, **kw)
+        with lora.plain_view(model):  # during LoRA training: the merged weights under the original module names
+            value = callback(step, model, **kw)
     finally:
         model.train(was)
     if value is not None:
@@ -162,7 +165,9 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
              warmup_frac: float = 0.05, weight_decay: float = 0.0,
              max_grad_norm: float = 1.0, encoder: FrozenVisionEncoder | None = None,
              projector: Projector | None = None, encoder_kwargs: Mapping[str, Any] | None = None,
-             callback: Callable | None = None, callback_every: int = 0, progress: bool = True) -> VLResult:
+             callback: Callable | None = None, callback_every: int = 0, progress: bool = True,
+             lm_method: str = "full", lora_rank: int | None = None, lora_alpha: float | None = None,
+             lora_targets: Sequence[str] | None = None) -> VLResult:
     """Two-stage LLaVA-style adaptation; trains `model` IN PLACE (snapshot it first with
     `clone_state_dict` if you need the base) and leaves it in eval mode.
 
@@ -179,7 +184,12 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     both stages; 0 = only at the end of each stage); non-None returns go to `result.callbacks`.
     `result.budget` = {'stage1': {...}, 'stage2': {...}} with steps, examples, answer_tokens,
     input_positions (real positions), visual_positions, text_positions, padded_positions.
+
+    `lm_method='lora'` trains, in stage 2, LoRA adapters (`lora_rank`, `lora_alpha`, on the linear layers named
+    `lora_targets`; defaults in `sinklib.vl.lora`) at `lr_lm` instead of the LM's weights, and merges them into
+    the weights at the end of stage 2; `result.params` then holds the four LoRA keys (with 'full' it has none).
     """
+    method = lora.check_lm_method(lm_method, lora_rank, lora_alpha, lora_targets)
     su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
                 max_grad_norm, callback, callback_every, progress)
     stage1_steps = check_int("stage1_steps", stage1_steps, 0)
@@ -189,14 +199,16 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     lr_p2 = lr_projector if lr_projector_stage2 is None else check_float("lr_projector_stage2", lr_projector_stage2,
                                                                           0.0, 1.0)
     torch.manual_seed(su.seed)
+    lora.adapter_parameters(model, method)  # a target that matches no layer fails here, before any training
     encoder, projector = _vl_modules(model, su, encoder, projector, encoder_kwargs)
     params = {"kind": "vl", "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "lr_projector": lr_projector,
-              "lr_lm": lr_lm, "lr_projector_stage2": lr_p2, **su.as_params(), "encoder": dict(encoder.config)}
+              "lr_lm": lr_lm, "lr_projector_stage2": lr_p2, **su.as_params(), "encoder": dict(encoder.config),
+              **method.params()}
     history: list[dict] = []
     callbacks: list[dict] = []
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
     seconds = _vl_stages(model, tokenizer, su, stage1_steps, stage2_steps, lr_projector, lr_lm, lr_p2,
-                         encoder, projector, history, callbacks, budget)
+                         encoder, projector, history, callbacks, budget, method)
     return VLResult(model=model, projector=projector, encoder=encoder, history=history, budget=budget,
                     params=params, seconds=seconds, kind="vl", callbacks=callbacks)
 
@@ -220,9 +232,10 @@ def _vl_modules(model, su: _Setup, encoder, projector, encoder_kwargs) -> tuple[
 
 def _vl_stages(model, tokenizer, su: _Setup, stage1_steps: int, stage2_steps: int, lr_projector: float,
                lr_lm: float, lr_p2: float, encoder, projector, history: list, callbacks: list,
-               budget: dict) -> dict:
-    """The two stages of `train_vl` (the LM frozen in stage 1, its requires_grad flags restored after);
-    returns the seconds per stage and leaves the model and the projector in eval mode."""
+               budget: dict, method: lora.LMMethod) -> dict:
+    """The two stages of `train_vl` (the LM frozen in stage 1, its requires_grad flags restored after; with LoRA
+    the LM's own weights stay frozen in stage 2 and the adapters are merged after it); returns the seconds per
+    stage and leaves the model and the projector in eval mode."""
     seconds = {}
     lm_params = list(model.parameters())
     req = [p.requires_grad for p in lm_params]
@@ -237,12 +250,13 @@ def _vl_stages(model, tokenizer, su: _Setup, stage1_steps: int, stage2_steps: in
             model, tokenizer, su, stage="VL stage 1 (projector)", tag="projector", mode="vl", steps=stage1_steps,
             param_groups=[{"params": list(projector.parameters()), "lr": lr_projector}],
             budget=budget["stage1"], step_offset=0, **common)
-        for p in lm_params:
-            p.requires_grad_(True)
-        seconds["stage2"] = _run_stage(
-            model, tokenizer, su, stage="VL stage 2 (projector + LM)", tag="lm", mode="vl", steps=stage2_steps,
-            param_groups=[{"params": lm_params, "lr": lr_lm}, {"params": list(projector.parameters()), "lr": lr_p2}],
-            budget=budget["stage2"], step_offset=stage1_steps, **common)
+        with lora.adapted(model, method, seed=su.seed) as trained:  # 'full': every LM parameter
+            for p in trained:
+                p.requires_grad_(True)
+            seconds["stage2"] = _run_stage(
+                model, tokenizer, su, stage="VL stage 2 (projector + LM)", tag="lm", mode="vl", steps=stage2_steps,
+                param_groups=[{"params": trained, "lr": lr_lm}, {"params": list(projector.parameters()), "lr": lr_p2}],
+                budget=budget["stage2"], step_offset=stage1_steps, **common)
     finally:
         for p, r in zip(lm_params, req):
             p.requires_grad_(r)
@@ -256,7 +270,9 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
                     image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4,
                     schedule: str = RECIPE["schedule"], warmup_frac: float = 0.05, weight_decay: float = 0.0,
                     max_grad_norm: float = 1.0, callback: Callable | None = None, callback_every: int = 0,
-                    progress: bool = True, answer_style: str = "word") -> VLResult:
+                    progress: bool = True, answer_style: str = "word", lm_method: str = "full",
+                    lora_rank: int | None = None, lora_alpha: float | None = None,
+                    lora_targets: Sequence[str] | None = None) -> VLResult:
     """The matched text-only control; trains `model` IN PLACE and leaves it in eval mode.
 
     Pass the same values as to `train_vl` (steps = stage2_steps, lr = lr_lm): it then runs
@@ -269,7 +285,12 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
     answer_style 'sentence' is the format-preserving control: the same items, but every answer written as a
     full sentence with the same content (`scenes.sentence_answer`), so the fine-tune teaches the content
     without the one-word answer format (its answer-token budget is then larger; the budget says by how much).
+
+    `lm_method='lora'` (with `lora_rank`, `lora_alpha`, `lora_targets`) trains LoRA adapters instead of the LM's
+    weights, as stage 2 of `train_vl` does with the same options and seed (the same initial adapters).
     """
+    method = lora.check_lm_method(lm_method, lora_rank, lora_alpha, lora_targets)
+    lora.adapter_parameters(model, method)  # a target that matches no layer fails here
     su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
                 max_grad_norm, callback, callback_every, progress)
     steps = check_int("steps", steps, 0)
@@ -279,6 +300,7 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
     params = {"kind": "text_only", "steps": steps, "lr": lr, **su.as_params()}
     if answer_style != "word":  # the one-word control keeps its parameters (and its cache keys)
         params["answer_style"] = answer_style
+    params.update(method.params())  # nothing for 'full' (its keys unchanged)
     history: list[dict] = []
     callbacks: list[dict] = []
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
@@ -288,11 +310,14 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
         model.train()
         _call_callback(su.callback, 0, model, "start", None, None, callbacks)
         for p in lm_params:
-            p.requires_grad_(True)
-        sec = _run_stage(model, tokenizer, su, stage="text-only (LM)", tag="lm", mode="text", steps=steps,
-                         param_groups=[{"params": lm_params, "lr": lr}], encoder=None, projector=None,
-                         history=history, budget=budget["stage2"], step_offset=0, callbacks=callbacks,
-                         answer_fn=sentence_answer if answer_style == "sentence" else None)
+            p.requires_grad_(method.name == "full")
+        with lora.adapted(model, method, seed=su.seed) as trained:  # 'full': every LM parameter
+            for p in trained:
+                p.requires_grad_(True)
+            sec = _run_stage(model, tokenizer, su, stage="text-only (LM)", tag="lm", mode="text", steps=steps,
+                             param_groups=[{"params": trained, "lr": lr}], encoder=None, projector=None,
+                             history=history, budget=budget["stage2"], step_offset=0, callbacks=callbacks,
+                             answer_fn=sentence_answer if answer_style == "sentence" else None)
     finally:
         for p, r in zip(lm_params, req):
             p.requires_grad_(r)
