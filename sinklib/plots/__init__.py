@@ -92,14 +92,16 @@ def image_grid(images: Sequence[np.ndarray], titles: Sequence[str], *, ncols: in
 
 
 def head_map(ax, values: np.ndarray, title: str, cbar_label: str, layers: list[int] | None = None,
-             vmin: float | None = None, vmax: float | None = None, cmap: str = "viridis", center: float | None = None):
-    """Layer x head heatmap of a [L, H] array (rows = layers, top = first)."""
+             vmin: float | None = None, vmax: float | None = None, cmap: str = "viridis", center: float | None = None,
+             cbar: bool = True):
+    """Layer x head heatmap of a [L, H] array (rows = layers, top = first); `cbar` False: no colour bar (a grid of
+    maps on one scale shows one, on its last column, so that no bar's tick labels run into the next title)."""
     import seaborn as sns
 
     L, H = values.shape
     layers = list(range(L)) if layers is None else layers
-    sns.heatmap(values, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center,
-                cbar_kws={"label": cbar_label}, xticklabels=list(range(H)),
+    sns.heatmap(values, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center, cbar=cbar,
+                cbar_kws={"label": cbar_label} if cbar else None, xticklabels=list(range(H)),
                 yticklabels=[str(l) if (L <= 20 or l % 2 == 0) else "" for l in layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
