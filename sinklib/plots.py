@@ -160,13 +160,14 @@ def short_label(name: str, abbreviations: dict[str, str] | None = None) -> str:
 
 def head_map(ax, values: np.ndarray, title: str, cbar_label: str, layers: list[int] | None = None,
              vmin: float | None = None, vmax: float | None = None, cmap: str = "viridis", center: float | None = None):
-    """Layer x head heatmap of a [L, H] array (rows = layers, top = first)."""
+    """Layer x head heatmap of a [L, H] array (rows = layers, top = first); beyond 20 layers or 10 heads only
+    every other tick is labelled."""
     import seaborn as sns
 
     L, H = values.shape
     layers = list(range(L)) if layers is None else layers
     sns.heatmap(values, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center,
-                cbar_kws={"label": cbar_label}, xticklabels=list(range(H)),
+                cbar_kws={"label": cbar_label}, xticklabels=[str(h) if (H <= 10 or h % 2 == 0) else "" for h in range(H)],
                 yticklabels=[str(l) if (L <= 20 or l % 2 == 0) else "" for l in layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
