@@ -519,7 +519,7 @@ def test_chapter3_readings_of_the_real_models():
     slopes = pd.DataFrame({"slope_change": [2.0, 0.01, 1.98, 1.58, 0.0]}, index=sweep.source)
     text = sweep_note(sweep, slopes)
     assert "follow their variant: a layer 3 (none) 1.98, g layer 2 (per-head) 0.00." in text
-    assert "do not: q layer 5 (none) 1.58, whose projection bias does not scale with λ; random layers 2.00." in text
+    assert "do not: q layer 5 (none) 1.58 against 2.00 for the random none layers, with a projection bias." in text
     assert sweep_note(sweep.iloc[:2], slopes) == ""
     ratios = {"a": {"residual_max": 168.8, "qk_input_max": 1.19, "qk_input_median": 0.54}}
     assert norms_note(ratios) == ("Sink token norm over the median other token's: a up to 169 in the residual stream "

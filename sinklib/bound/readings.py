@@ -27,9 +27,10 @@ def sweep_note(sweep: pd.DataFrame, slopes: pd.DataFrame) -> str:
         if ref_src in slopes.index and abs(slope - float(slopes.loc[ref_src, "slope_change"])) <= SLOPE_TOLERANCE:
             follow.append(f"{r.source} {slope:.2f}")
         else:
-            ref = f"; random layers {float(slopes.loc[ref_src, 'slope_change']):.2f}" if ref_src in slopes.index else ""
-            why = ", whose projection bias does not scale with λ" if bool(r.get("bias", False)) else ""
-            other.append(f"{r.source} {slope:.2f}{why}{ref}")
+            ref = (f" against {float(slopes.loc[ref_src, 'slope_change']):.2f} for the random {ref_src[7:]} layers"
+                   if ref_src in slopes.index else "")
+            why = ", with a projection bias" if bool(r.get("bias", False)) else ""
+            other.append(f"{r.source} {slope:.2f}{ref}{why}")
     out = f"The real layers that follow their variant: {', '.join(follow) if follow else 'none'}."
     if other:
         out += f" Those that do not: {'; '.join(other)}."
