@@ -353,3 +353,27 @@ def test_the_rerun_tooling_is_not_a_sinklib_change(tiny_book):
     for nb in (ROOT / "notebooks").glob("*.ipynb"):
         text = nb.read_text()
         assert not any(f"sinklib.book.{Path(t).stem}" in text for t in record.TOOLING), nb.name
+
+
+def test_what_the_runner_writes_does_not_make_the_code_dirty(tmp_path, monkeypatch):
+    """Chapters run one after another in one call: the first one's executed copy, results and exported README figure
+    must not mark the next one's provenance '+dirty' (chapter 1 exports book/_static/01_sink_definition.png)."""
+    from sinklib.book import results
+
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    files = ["book/chapters/01_x.ipynb", "data/results/01_x.json", "book/_generated/t.md",
+             "book/_static/01_x.png", "book/_static/offline.css", "sinklib/m.py"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("a\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    monkeypatch.setattr(results, "checkout_root", lambda: tmp_path)
+    for f in files[:4]:
+        (tmp_path / f).write_text("b\n")
+    assert not results._git_commit().endswith("+dirty")
+    for f in files[4:]:
+        (tmp_path / f).write_text("c\n")
+        assert results._git_commit().endswith("+dirty"), f
+        git("checkout", "--", f)

@@ -15,7 +15,8 @@ from sinklib.bound import (DIRECTION_KINDS, VARIANTS, Instance, QKSpec, capture_
     gap_changes, head_norms, layer_sensitivity, layerwise_coupling, logit_range, measure_real_model,
     normalised_change_bound, null_space_query, per_head_formula_on_unnormalised, planted_sink_layer, project,
     qk_logits, random_direction, random_instance, real_models_summary, real_scale_sweep, rms_normalize, rope_gain,
-    rope_tables, sink_gap, sink_norm_ratios, spectral_norm, weak_head_flips, worst_direction)
+    rope_tables, sink_gap, sink_norm_ratios, spectral_norm, weak_head_flips, worst_direction, adversary_note,
+    adversary_search, random_draws, scale_sweep_figure, norms_note, real_note, sweep_note)
 from sinklib.errors import AttentionError, ParameterError
 
 D64 = torch.float64
@@ -241,6 +242,67 @@ def test_adversary_does_not_break_the_bound():
         assert 0 < best <= 1 + TOL
         assert check_instance(worst)["ratio"] <= 1 + TOL
         assert best >= check_instance(inst)["ratio"] - 1e-12   # the search never reports less than its start
+        assert worst_direction(inst, steps=0)[0] == pytest.approx(check_instance(inst)["ratio"], rel=1e-9)
+        # the spectral norms of the change are held fixed
+        for a, b in ((worst.dwq, inst.dwq), (worst.dwk, inst.dwk)):
+            assert float(spectral_norm(a)) == pytest.approx(float(spectral_norm(b)), rel=1e-9)
+
+
+@pytest.mark.parametrize("norm", VARIANTS)
+def test_adversary_is_at_least_the_best_random_draw(norm):
+    """#31: on the same draws (same seed and budget) the adversary starts from the tightest random layers and keeps
+    the better of start and ascent, so its largest tightness is never below the random draws' largest."""
+    rows, top = random_draws(torch.Generator().manual_seed(3), norm, 60, (1e-2, 1e3), (1e-4, 1e-1), keep=2)
+    again, _ = random_draws(torch.Generator().manual_seed(3), norm, 60, (1e-2, 1e3), (1e-4, 1e-1))
+    assert [r["tightness"] for r in rows] == [r["tightness"] for r in again]   # keeping changes no draw
+    best = max(r["tightness"] for r in rows)
+    assert check_instance(top[0])["ratio"] == best and len(top) == 2
+    assert check_instance(top[1])["ratio"] == sorted(r["tightness"] for r in rows)[-2]
+    adv = adversary_search(top, steps=20)
+    assert max(a["adversary"] for a in adv) >= best
+    assert all(a["adversary"] >= a["start"] and a["adversary"] == max(a["start"], a["ascent"]) for a in adv)
+    assert all(a["adversary"] <= 1 + TOL for a in adv)          # and the bound still holds
+    assert any(a["improved"] for a in adv)                       # the ascent does climb from a random layer
+
+
+def test_random_draws_reproduce_the_chapter_loop():
+    """`random_draws` draws exactly what chapter 3's loop drew before it (scale, change, then the layer)."""
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    logu = lambda lo, hi: math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * torch.rand((), generator=g2).item())  # noqa: E731
+    rows, _ = random_draws(g1, "per_head", 5, (1e-2, 1e3), (1e-4, 1e-1))
+    for r in rows:
+        inst = random_instance(g2, "per_head", logu(1e-2, 1e3), logu(1e-4, 1e-1))
+        assert r["tightness"] == check_instance(inst)["ratio"] and r["scale"] == inst.info["scale"]
+
+
+def test_adversary_note_reads_the_tables():
+    draws = pd.DataFrame({"variant": ["none"] * 4 + ["per-head"] * 2, "tightness": [0.1, 0.5, 0.75, 0.7, 0.2, 0.3]})
+    adv = pd.DataFrame({"variant": ["none", "per-head"], "adversary": [0.8, 0.3], "improved": [True, False]})
+    text = adversary_note(draws, adv)
+    assert "none 0.800 (random draws 0.750)" in text and "per-head 0.300 (random draws 0.300)" in text
+    assert "1 of 4 (none), 1 of 2 (per-head)" in text and "in 1 of 2 searches" in text
+    assert "did not run" in adversary_note(draws, adv.iloc[:0])
+
+
+def test_scale_sweep_figure_legend_reads_at_body_size():
+    """Figure 3.4's legend (reported too small to read) is drawn in the book's smallest font, under the panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinklib import plots
+
+    plots.set_theme()
+    srcs = ["random none", "random per-head", "smollm2-135m layer 15 (none)", "qwen2.5-coder-1.5b layer 14 (none)"]
+    rows = [dict(source=s, variant="per_head" if "per-head" in s else "none", scale=lam, change=lam**2, bound=2 * lam**2)
+            for s in srcs for lam in (0.1, 1.0, 10.0)]
+    slopes = pd.DataFrame({"slope_change": 2.0, "slope_bound": 2.0}, index=srcs)
+    fig = scale_sweep_figure(pd.DataFrame(rows), slopes, {"none": "red", "per_head": "blue"})
+    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == len(srcs)
+    assert "qwen2.5-coder-1.5b layer 14 (none): slopes 2.00 / 2.00" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert plots.rendered_font_px(fig) >= 15
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------
@@ -369,6 +431,7 @@ def test_sink_norm_ratios_and_real_scale_sweep():
     rows = real_scale_sweep(L, dq, torch.zeros_like(L.wk), [1.0, 10.0], "src")
     assert [row["scale"] for row in rows] == [1.0, 10.0] and all(row["source"] == "src" for row in rows)
     assert rows[1]["change"] == pytest.approx(100 * rows[0]["change"], rel=1e-6)   # no QK-norm, no bias: x^2
+    assert not any(row["bias"] for row in rows)
     assert all(row["change"] <= row["bound"] for row in rows)
 
 
@@ -444,3 +507,31 @@ def test_remark1_heads_on_the_three_tiny_variants():
     assert s["rho_share_query_norm"] == pytest.approx(1.0) and s["p_share_query_norm"] < 0.05
     with pytest.raises(ParameterError, match="prompt_ids is empty"):
         remark1_table(tm.build("none", size, seed=0), [])
+
+
+def test_chapter3_readings_of_the_real_models():
+    """#29: chapter 3's sentences on real layers come from its tables, for any number of models."""
+    sweep = pd.DataFrame([dict(source="random none", variant="none", bias=False),
+                          dict(source="random per-head", variant="per_head", bias=False),
+                          dict(source="a layer 3 (none)", variant="none", bias=False),
+                          dict(source="q layer 5 (none)", variant="none", bias=True),
+                          dict(source="g layer 2 (per-head)", variant="per_head", bias=False)])
+    slopes = pd.DataFrame({"slope_change": [2.0, 0.01, 1.98, 1.58, 0.0]}, index=sweep.source)
+    text = sweep_note(sweep, slopes)
+    assert "follow their variant: a layer 3 (none) 1.98, g layer 2 (per-head) 0.00." in text
+    assert "do not: q layer 5 (none) 1.58 against 2.00 for the random none layers, with a projection bias." in text
+    assert sweep_note(sweep.iloc[:2], slopes) == ""
+    ratios = {"a": {"residual_max": 168.8, "qk_input_max": 1.19, "qk_input_median": 0.54}}
+    assert norms_note(ratios) == ("Sink token norm over the median other token's: a up to 169 in the residual stream "
+                                  "and up to 1.19 at the input of the projections (median 0.54).")
+    summary = {"a": {"violations": 0, "gap_values": 1000}, "g": {"violations": 0, "gap_values": 500}}
+    sens = {"a": {"median": 2.0, "bound_median": 2000.0}, "g": {"median": 1.0, "bound_median": 3000.0}}
+    text = real_note(summary, sens, {"a": "none", "g": "per_head"})
+    assert text.startswith("No model breaks its bound (0 violations in 1,500 gap values). The median bound is 1000 to "
+                           "3000 times the median actual change, depending on the model (3.0 to 3.5 orders")
+    assert "lowest first: g (per-head) 1.00, a (none) 2.00." in text
+    assert "The per-head QK-norm model is less sensitive than every model without it." in text
+    sens["g"]["median"] = 5.0
+    assert "is more sensitive than every model without it" in real_note(summary, sens, {"a": "none", "g": "per_head"})
+    summary["a"]["violations"] = 3
+    assert real_note(summary, sens, {"a": "none", "g": "per_head"}).startswith("3 gap values break their bound")

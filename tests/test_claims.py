@@ -483,3 +483,21 @@ def test_claims_5a_6a_6b_say_the_seed_spread(monkeypatch):
             in ours["6a"][0])
     assert "(pt) over 3 seeds: +0.5 (−1.0 to +2.0)" in ours["6b"][0]
     assert all("seeds" not in o[1] for o in ours.values())  # model B has one training seed: no clause
+
+
+def test_s_margin_row_checks_every_pair_of_models(monkeypatch):
+    """#29: with four models the calibration row counts (pair, N, seed) cells over all six pairs, ranked by the
+    default S, and names the closest pair; one pair whose margin flips is against the claim."""
+    models = ("a", "b", "c", "d")
+    S = {"a": 0.7, "b": 0.0, "c": -0.1, "d": -2.0}
+    rob = [{"N": n, "seed": s, "a": 0.7 + 0.1 * s, "b": 0.0 + 0.05 * s, "c": -0.1 + 0.3 * s, "d": -2.0}
+           for n in (10, 15, 100) for s in range(2)]
+    _fake(monkeypatch, {C2: _doc({"S": S, "robustness": rob, "sensitivity": [], "timing": []}, models=models)})
+    row = claims.evaluate(BY_ID["3"]).row
+    assert row.verdict == CONTRADICTED
+    assert "of the 6 pairs of models" in row.ours[0] and "in 33 of 36 (pair, N, seed) cells" in row.ours[0]
+    assert "the smallest is S(b) − S(c) = −0.15" in row.ours[0]
+    steady = [{**c, "c": -0.1} for c in rob]
+    _fake(monkeypatch, {C2: _doc({"S": S, "robustness": steady, "sensitivity": [], "timing": []}, models=models)})
+    row = claims.evaluate(BY_ID["3"]).row
+    assert "36 of 36" in row.ours[0] and row.verdict in (REPRODUCED, INCONCLUSIVE)

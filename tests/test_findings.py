@@ -136,3 +136,24 @@ def test_tiny_sink_sentence_counts_each_model_once(monkeypatch):
     assert "1 of 2 without QK-norm, 0 of 2 with per-head QK-norm" in s and "did not protect a sink" in s
     _fake(monkeypatch, {"09_sink_panel": _ch9([("base", "per_head", True)], [])})
     assert "did not protect" not in findings.tiny_sinks_by_norm(Results())
+
+
+def test_s_by_norm_names_every_model_with_its_qk_norm(monkeypatch):
+    """#29: chapter 2 records each model's QK-norm type with S, so models chapter 4 never trained (the Qwen2.5-Coder
+    models) are named with theirs; with more than two models the lowest S is "the lowest"."""
+    s = {"smollm2-135m": 0.72, "gemma3-270m": 0.0, "qwen2.5-coder-0.5b": -0.1, "qwen2.5-coder-1.5b": -0.09}
+    qk = {"smollm2-135m": "none", "gemma3-270m": "per_head", "qwen2.5-coder-0.5b": "none", "qwen2.5-coder-1.5b": "none"}
+    ch7 = {"results": {"tiny_panel_rows": []}}
+    _fake(monkeypatch, {"02_sink_strength": {"results": {"S": s, "qk_norm": qk}}, "07_controlled_panel": ch7})
+    text = findings.s_by_norm(Results())
+    assert "qwen2.5-coder-0.5b (no QK-norm) -0.10" in text and "gemma3-270m (per-head QK-norm) 0.00" in text
+    assert "per-head QK-norm model has the" not in text           # the lowest S is a model without QK-norm
+    _fake(monkeypatch, {"02_sink_strength": {"results": {"S": {**s, "gemma3-270m": -1.0}, "qk_norm": qk}},
+                        "07_controlled_panel": ch7})
+    assert "The per-head QK-norm model has the lowest S" in findings.s_by_norm(Results())
+    # an older chapter 2 without the record: chapter 4's panel rows name the two models it trained
+    old = {"02_sink_strength": {"results": {"S": {"a": 0.7, "b": 0.0}}},
+           "04_vl_adaptation": {"results": {"panel_rows": [{"llm": "a", "qk_norm": "none"}, {"llm": "b", "qk_norm": "per_head"}]}},
+           "07_controlled_panel": ch7}
+    _fake(monkeypatch, old)
+    assert "The per-head QK-norm model has the lower S" in findings.s_by_norm(Results())

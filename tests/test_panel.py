@@ -440,3 +440,28 @@ def test_figure_text_reads_at_body_size():
     fig2.tight_layout()
     assert plots.rendered_font_px(fig2) >= 15.5
     plt.close("all")
+
+
+@pytest.mark.parametrize("n,shape", [(1, (1, 1)), (2, (1, 2)), (3, (2, 2)), (4, (2, 2)), (5, (3, 2))])
+def test_panel_grid_one_panel_per_model(n, shape):
+    """#29: chapters 1 and 2 draw one panel per model in rows of two at the book's width, so four models read as
+    well as two did (the head maps keep the body font size)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinklib import plots
+
+    plots.set_theme()
+    fig, axes = plots.panel_grid(n, height=5.5)
+    assert len(axes) == n and all(ax.get_visible() for ax in axes)
+    assert len(fig.axes) == shape[0] * shape[1] and sum(not a.get_visible() for a in fig.axes) == shape[0] * shape[1] - n
+    assert fig.get_size_inches()[0] == pytest.approx(plots.FIG_WIDTH)
+    for ax in axes:
+        plots.head_map(ax, np.random.default_rng(0).random((28, 14)), "qwen2.5-coder-1.5b", "mean attention on first token")
+    fig.tight_layout()
+    assert plots.rendered_font_px(fig) >= 15.5
+    plt.close("all")
+    with pytest.raises(ValueError, match="n >= 1"):
+        plots.panel_grid(0)

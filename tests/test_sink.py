@@ -199,6 +199,8 @@ def test_reading_the_sensitivity_table():
     main = {"a": SimpleNamespace(S=0.7), "b": SimpleNamespace(S=0.0)}
     assert sink.ordering_flips(table, main) == [("K (last layers)", "all layers")]
     assert sink.ordering_flips(table[["a"]], main) == []
+    assert sink.flips_text(table, main) == "K (last layers) = all layers (a and b swap)"
+    assert sink.flips_text(table[["a"]], main) == "none of them"
     assert sink.aggregate_direction(table) == "higher for every model"
     table.loc[("aggregate", "logodds_then_mean"), "b"] = -0.5
     assert sink.aggregate_direction(table) == "higher for a and lower for b"
@@ -207,11 +209,44 @@ def test_reading_the_sensitivity_table():
     assert sink.sign_note(rob[["a"]]).startswith("Each model")
 
 
+def test_readings_with_four_models():
+    """#29: with more than two models every pair is ranked, and a swap names its pair."""
+    import pandas as pd
+    from types import SimpleNamespace
+
+    idx = pd.MultiIndex.from_tuples([("K (last layers)", "10"), ("q0 (query_start)", "0 (15 prompts)")])
+    table = pd.DataFrame({"a": [0.7, 0.7], "b": [0.0, 0.8], "c": [-0.1, 0.9], "d": [-2.0, -2.0]}, index=idx)
+    main = {m: SimpleNamespace(S=s) for m, s in zip("abcd", (0.7, 0.0, -0.1, -2.0))}
+    assert sink.ordering_flips(table, main) == [("q0 (query_start)", "0 (15 prompts)")]
+    assert sink.swapped_pairs(table.iloc[1], {m: r.S for m, r in main.items()}) == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert sink.flips_text(table, main) == "q0 (query_start) = 0 (15 prompts) (a and b, a and c, b and c swap)"
+    rob = pd.DataFrame({"a": [0.6, 0.8, 0.7], "b": [0.1, 0.0, -0.1], "c": [0.0, 0.1, -0.2], "d": [-2.0, -2.1, -1.9]})
+    m = sink.pair_margins(rob, {"a": 0.7, "b": 0.0, "c": -0.1, "d": -2.0})
+    assert list(m.pair) == ["S(a) − S(b)", "S(a) − S(c)", "S(a) − S(d)", "S(b) − S(c)", "S(b) − S(d)", "S(c) − S(d)"]
+    bc = m.set_index("pair").loc["S(b) − S(c)"]
+    assert bc["sign flips"] == 1 and bc["min"] == pytest.approx(-0.1) and bc["cells"] == 3
+    assert sink.margin_note(m) == "5 of the 6 pairwise margins keep their sign in all 3 (N, seed) cells; S(b) − S(c) is not positive in 1 of 3."
+    two = sink.pair_margins(rob[["a", "d"]])
+    assert sink.margin_note(two) == "The margin S(a) − S(d) keeps its sign in all 3 (N, seed) cells (smallest +2.600)."
+    assert sink.margin_note(sink.pair_margins(rob[["a", "b", "d"]])).startswith(
+        "Every one of the 3 pairwise margins keeps its sign in all 3 (N, seed) cells; the smallest is S(a) − S(b) = +0.500")
+    assert sink.margin_note(sink.pair_margins(rob[["a"]])).startswith("With one model")
+
+
 def test_first_token_reading_and_layer_means():
     masses = {"pos": {"default": 0.46, "bos": 0.43, "none": 0.46, "word": 0.47},
-              "tied": {"default": 0.472, "bos": 0.472, "none": 0.024, "word": 0.026}}
+              "tied": {"default": 0.472, "bos": 0.472, "none": 0.024, "word": 0.026},
+              "nobos": {"default": 0.372, "bos": 0.06, "none": 0.372, "word": 0.35}}
     text = sink.first_token_reading(masses)
-    assert "pos's mean sink mass is 0.460" in text and "its sink is positional" in text
-    assert "tied's mean sink mass is 0.472" in text and "0.026 with an ordinary word first (6% kept): its sink is tied" in text
+    assert "pos: mean sink mass 0.460 with the default first token, 0.430 with its BOS token forced first" in text
+    assert "its sink is positional." in text
+    assert "0.026 with an ordinary word first (6% kept); its sink is tied to its default first token." in text
+    assert "(94% kept); its sink is positional, and a forced BOS token first leaves position 0 only 16% of it." in text
+    tokens = {"pos": {"default": "User", "bos": "<|im_start|>", "none": "User", "word": "Hello"},
+              "tied": {"default": "<bos>", "bos": "<bos>", "none": "User", "word": "Hello"}}
+    text = sink.first_token_reading(masses, first_tokens=tokens)
+    assert "pos (its tokenizer adds no special token: the prompt's own first word, User, comes first): mean" in text
+    assert "with its BOS token (<|im_start|>) forced first" in text and "tied (default first token <bos>): mean" in text
+    assert "nobos: mean sink mass 0.372" in text
     out = sink.layer_means_text(np.array([[0.0, 0.2], [1.0, 0.4]]), [0, 1], per_line=1)
     assert out == "L0 0.10\nL1 0.70"

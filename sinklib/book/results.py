@@ -19,6 +19,11 @@ from sinklib.errors import ResultsMissing
 _T0 = time.perf_counter()  # imported with sinklib.book (its __init__ imports the runner, which imports this)
 
 
+#: what the runner itself writes (executed copies, results, generated pages, the exported README figures): a
+#: change there does not make the code dirty, so chapters run one after another in one call stay clean
+RUNNER_OUTPUTS = ("book/chapters", "data/results", "book/_generated", "book/_static/[0-9][0-9]_*.png")
+
+
 def _git_commit() -> str:
     repo = checkout_root()
     if repo is None:
@@ -26,9 +31,8 @@ def _git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        # what the runner itself writes (executed copies, results, generated pages) does not make the code dirty
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!book/chapters", ":!data/results", ":!book/_generated"], cwd=repo,
+                                *(f":!{p}" for p in RUNNER_OUTPUTS)], cwd=repo,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (sha or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

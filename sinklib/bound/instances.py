@@ -1,7 +1,7 @@
 """Instances for testing Theorem 1: random weight directions, random attention layers of each
 QK-norm variant, a planted-sink layer (Remark 1) and its sign flips under weight changes, the
-tightness of the bound on an instance, a gradient adversary that searches for the direction closest
-to breaking it, and the constructions that break the bound on purpose (dropping one assumption).
+tightness of the bound on an instance (`sinklib.bound.adversary` searches for the direction closest to
+breaking it), and the constructions that break the bound on purpose (dropping one assumption).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from sinklib.bound.theorem import (VARIANTS, QKSpec, first_order_gap_bound, gap_change, gap_change_bound,
+from sinklib.bound.theorem import (VARIANTS, QKSpec, first_order_gap_bound, gap_change_bound,
     gap_changes, qk_logits, rope_tables, sink_gap, spectral_norm)
 from sinklib.errors import ParameterError
 
@@ -189,45 +189,6 @@ def check_instance(inst: Instance, sink: int = 0, query_start: int = 1) -> dict:
     act = torch.maximum(a_max, a_lse)
     ratio = torch.where(bnd > 0, act / bnd, torch.where(act > 0, torch.full_like(act, float("inf")), torch.zeros_like(act)))
     return {"actual_max": a_max, "actual_lse": a_lse, "bound": bnd, "ratio": float(ratio.max())}
-
-
-def worst_direction(inst: Instance, steps: int = 100, lr: float = 0.05, sink: int = 0, query_start: int = 1,
-                    competitor: str = "max") -> tuple[float, Instance]:
-    """Gradient ascent on actual / bound over the directions of dW_Q, dW_K (their spectral norms held
-    fixed): an adversary looking for a violation. -> (best ratio found, the instance attaining it)."""
-    rq = float(torch.linalg.matrix_norm(inst.dwq, ord=2))
-    rk = float(torch.linalg.matrix_norm(inst.dwk, ord=2))
-    pq = inst.dwq.clone().requires_grad_(rq > 0)
-    pk = inst.dwk.clone().requires_grad_(rk > 0)
-    params = [p for p in (pq, pk) if p.requires_grad]
-    if not params:
-        return 0.0, inst
-    opt = torch.optim.Adam(params, lr=lr)
-
-    def scaled() -> tuple[Tensor, Tensor]:
-        dq = pq * (rq / torch.linalg.matrix_norm(pq, ord=2)) if rq > 0 else pq
-        dk = pk * (rk / torch.linalg.matrix_norm(pk, ord=2)) if rk > 0 else pk
-        return dq, dk
-
-    best, best_inst = -1.0, inst
-    for _ in range(steps):
-        dq, dk = scaled()
-        kw = {**inst.kwargs(), "dwq": dq, "dwk": dk}
-        act = gap_change(**kw, sink=sink, query_start=query_start, competitor=competitor).abs()
-        bnd = gap_change_bound(**kw, sink=sink, query_start=query_start)
-        ratio = (act / bnd.clamp_min(1e-300)).max()
-        r = float(ratio.detach())
-        if r > best:
-            best = r
-            best_inst = Instance(**{**inst.__dict__, "dwq": dq.detach().clone(), "dwk": dk.detach().clone()})
-        opt.zero_grad()
-        (-ratio).backward()
-        for p in params:  # ties in max / degenerate singular values can give NaN gradients: skip those entries
-            p.grad = torch.nan_to_num(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        opt.step()
-        if not all(bool(torch.isfinite(p).all()) and float(p.detach().abs().max()) > 0 for p in params):
-            break
-    return best, best_inst
 
 
 # ---------------------------------------------------------------------------------------

@@ -196,12 +196,12 @@ def sink_norm_ratios(layer: LayerQK) -> dict:
 
 def real_scale_sweep(layer: LayerQK, dwq: Tensor, dwk: Tensor, scales, source: str) -> list[dict]:
     """Every input of a real layer multiplied by each of ``scales``, the weight change fixed: median
-    |change of the max-gap| and median bound over heads and queries.
-    -> rows {source, variant, instance (0), scale, change, bound}."""
-    rows = []
+    |change of the max-gap| and median bound over heads and queries (a projection bias is not scaled).
+    -> rows {source, variant, instance (0), scale, change, bound, bias (q_proj or k_proj has one)}."""
+    rows, bias = [], layer.bq is not None or layer.bk is not None
     for lam in scales:
         kw = {**layer.kwargs(dwq, dwk), "x": lam * layer.x}
-        rows.append(dict(source=source, variant=layer.spec.norm, instance=0, scale=lam,
+        rows.append(dict(source=source, variant=layer.spec.norm, instance=0, scale=lam, bias=bias,
                          change=float(gap_changes(**kw, competitors=("max",))["max"].abs().median()),
                          bound=float(gap_change_bound(**kw).median())))
     return rows

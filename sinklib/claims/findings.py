@@ -111,8 +111,20 @@ def bos_ablation(res: Results) -> str:
                                       "mechanism predicts." if order else ""))
 
 
+def _qk_norms(res: Results) -> dict[str, str]:
+    """Each model's QK-norm type: chapter 2 records it with S; copies of chapter 2 from before that record fall back
+    on chapter 4's panel rows."""
+    qk = dict(res(CH2)["results"].get("qk_norm") or {})
+    if set(qk) < set(res(CH2)["results"]["S"]):
+        try:
+            qk = {**{r["llm"]: r["qk_norm"] for r in res(CH4)["results"]["panel_rows"]}, **qk}
+        except (ResultsMissing, KeyError):
+            pass
+    return qk
+
+
 def s_by_norm(res: Results) -> str:
-    s, qk = res(CH2)["results"]["S"], {r["llm"]: r["qk_norm"] for r in res(CH4)["results"]["panel_rows"]}
+    s, qk = res(CH2)["results"]["S"], _qk_norms(res)
     kind = {"none": "no QK-norm", "per_head": "per-head QK-norm", "layerwise": "layerwise QK-norm"}
     real = ", ".join(f"{m} ({kind.get(qk.get(m, ''), '?')}) {s[m]:.2f}" for m in s)
     lower = min(s, key=s.get)
@@ -121,8 +133,10 @@ def s_by_norm(res: Results) -> str:
     for r in tiny:
         by.setdefault(r["qk_norm"], []).append(r["S"])
     means = ", ".join(f"{q.replace('_', '-')} {num(sum(v) / len(v), 2, sign=False)}" for q, v in by.items())
-    said = (" The per-head QK-norm model has the lower S, although the paper's positive correlation and its "
-            "per-head pairs losing less would put per-head models higher." if qk.get(lower) == "per_head" else "")
+    who = ("The per-head QK-norm model" if sum(qk.get(m) == "per_head" for m in s) == 1
+           else f"{lower}, a per-head QK-norm model,")
+    said = (f" {who} has the {'lower' if len(s) == 2 else 'lowest'} S, although the paper's positive correlation and "
+            "its per-head pairs losing less would put per-head models higher." if qk.get(lower) == "per_head" else "")
     return (f"S of the real models (chapter 2): {real}.{said}" + (
         f" On chapter 7's tiny models, where no sink formed, mean S by variant is {means}." if means else ""))
 

@@ -29,8 +29,8 @@ from sinklib.errors import AttentionError, ParameterError
 from sinklib.core.models import MODEL_PARAMS
 from sinklib.core.probe import (METHODS, PROBE_NAME, eager_sink_probs, probe_attention, register_probe, sink_probe)  # noqa: F401
 from sinklib.core.params import COMMON, Dependent, check_bool, check_choice, check_int, choice, integer, list_of, text
-from sinklib.core.readings import (aggregate_direction, first_token_reading, layer_means_text,  # noqa: F401
-    ordering_flips, sign_note)
+from sinklib.core.readings import (aggregate_direction, first_token_reading, flips_text, layer_means_text,  # noqa: F401
+    margin_note, ordering_flips, pair_margins, sign_note, swapped_pairs)
 
 AGGREGATES = ("mass_then_logodds", "logodds_then_mean")
 SINK_MODES = ("first", "bos", "argmax")

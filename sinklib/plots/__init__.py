@@ -57,6 +57,18 @@ def subplots(nrows: int = 1, ncols: int = 1, *, height: float = 3.4, width: floa
     return fig, list(grid.flat)
 
 
+def panel_grid(n: int, *, ncols: int = 2, height: float = 3.4, width: float | None = None, **kwargs):
+    """One panel per model (or any `n` items) in rows of at most `ncols`, the book's width (`subplots`) and
+    `height` inches per row. -> (fig, the first `n` axes as a list); cells left over in the last row are hidden."""
+    if n < 1 or ncols < 1:
+        raise ValueError(f"panel_grid needs n >= 1 and ncols >= 1, got n={n}, ncols={ncols}")
+    cols = min(n, ncols)
+    fig, axes = subplots(math.ceil(n / cols), cols, height=height, width=width, **kwargs)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
 def rendered_font_px(fig, column_px: int = COLUMN_PX) -> float:
     """Smallest visible text of `fig` in screen px once the book shows it in a `column_px` column (the
     image is saved with a tight bounding box and scaled down when wider than the column)."""
@@ -101,7 +113,7 @@ def head_map(ax, values: np.ndarray, title: str, cbar_label: str, layers: list[i
     L, H = values.shape
     layers = list(range(L)) if layers is None else layers
     sns.heatmap(values, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center, cbar=cbar,
-                cbar_kws={"label": cbar_label} if cbar else None, xticklabels=list(range(H)),
+                cbar_kws={"label": cbar_label} if cbar else None, xticklabels=[str(h) if (H <= 10 or h % 2 == 0) else "" for h in range(H)],
                 yticklabels=[str(l) if (L <= 20 or l % 2 == 0) else "" for l in layers])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
