@@ -1,0 +1,214 @@
+"""The calibration sweep (#29): how much VL training does it take before VL costs instruction format?
+
+Chapter 4's recipe moved about 0.14 % of the weights and cost no detectable format, so the paired changes it
+measured had nothing to explain. The sweep trains VL on one model at several stage-2 learning rates, each
+for the longest stage 2 of the grid with snapshots at the shorter lengths (`dose.train_series`: with the
+constant schedule a snapshot differs from a run of that length only by the shorter run's warm-up), and
+evaluates every snapshot on the same items as the base model.
+
+A point *qualifies* (`RULE`, stated in the chapter before the run) when
+1. the VL model learned its task: held-out VQA's Wilson interval lies above the blind majority answer;
+2. it cost instruction format: the paired 95 % interval of the strict instruction pass rate lies below zero;
+3. knowledge held: the paired interval of the knowledge accuracy does not lie below zero.
+The recipe frozen for the panel is the qualifying point with the least training (fewest stage-2 steps, then
+the lowest rate); with no qualifying point that is the finding, and `choose` returns None.
+
+Every training and evaluation is cached: the snapshots by the pair parameters and the step, the evaluations by
+their key with `KEY_EXTRA`, so no evaluation of chapter 4's pairs is touched.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from sinklib.core.params import check_float, check_int
+from sinklib.errors import ParameterError
+
+#: joins every calibration evaluation's cache key
+KEY_EXTRA = {"calibration": "VL stage-2 dose series"}
+#: the primary metric: IFEval-style prompt-level strict pass rate (the paper's instruction metric)
+PRIMARY = "instructions strict"
+#: the paired metrics the table reports, in order
+METRICS = ("instructions strict", "instructions lenient", "math strict", "math lenient", "knowledge acc",
+           "perplexity ppl")
+RULE = ("a point qualifies when its VL model learned the task (held-out VQA's Wilson 95 % interval above the "
+        "blind majority answer), the paired 95 % interval of the strict instruction pass rate lies below zero, and "
+        "the paired interval of the knowledge accuracy does not lie below zero; the frozen recipe is the qualifying "
+        "point with the fewest stage-2 steps, then the lowest rate")
+
+
+def point_params(params: Mapping[str, Any], lr_lm: float, stage2_steps: int) -> dict:
+    """The pair parameters of one series: `params` with the stage-2 rate `lr_lm` for the LM and the projector
+    (LLaVA-1.5's rule) and `stage2_steps` steps."""
+    lr = check_float("lr_lm", lr_lm, 1e-9, 1.0)
+    return {**params, "lr_lm": lr, "lr_projector_stage2": lr,
+            "stage2_steps": check_int("stage2_steps", stage2_steps, 1, 10**6)}
+
+
+def check_grid(lrs: Sequence[float], steps: Sequence[int]) -> tuple[list[float], list[int]]:
+    """Sorted distinct rates and steps; a clear error when either is empty."""
+    if not lrs or not steps:
+        raise ParameterError("the calibration grid needs at least one rate (lrs) and one stage-2 length (steps), "
+                             f"got lrs={list(lrs)}, steps={list(steps)}")
+    return (sorted({check_float(f"lrs[{i}]", x, 1e-9, 1.0) for i, x in enumerate(lrs)}),
+            sorted({check_int(f"steps[{i}]", s, 1, 10**6) for i, s in enumerate(steps)}))
+
+
+def run(lm: Any, params: Mapping[str, Any], lrs: Sequence[float], steps: Sequence[int], *,
+        eval_n: Mapping[str, int], seed: int, prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int,
+        eval_batch_size: int = 8, progress: bool = False) -> dict:
+    """Train (or read from the cache) one VL series per rate and evaluate every snapshot and the base model on
+    the same items. -> {'base': evaluation, 'points': [{'lr_lm', 'steps', 'eval'}]} (`pairs.evaluate_condition`
+    evaluations; `lm.model` ends holding the base weights)."""
+    from sinklib import vl
+    from sinklib.adapt import dose
+    from sinklib.adapt.pairs import LazyStates, Pair, evaluate_condition
+
+    lrs, steps = check_grid(lrs, steps)
+    kw = dict(eval_n=dict(eval_n), seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
+              eval_batch_size=eval_batch_size, key_extra=KEY_EXTRA)
+    base_state = vl.clone_state_dict(lm.model)
+    base_pair = Pair(params=dict(params), states={"base": base_state}, projector=None, encoder=None)
+    out: dict = {"base": evaluate_condition(lm, base_pair, "base", **kw), "points": []}
+    for lr in lrs:
+        pp = point_params(params, lr, steps[-1])
+        dose.train_series(lm, pp, "vl", steps, progress=progress)
+        pair = Pair(params=pp, states=LazyStates({"base": base_state}), projector=None, encoder=None)
+        evs = dose.evaluate_series(lm, pair, "vl", steps, vqa_n=vqa_n, **kw)
+        out["points"] += [{"lr_lm": lr, "steps": s, "eval": evs[s]} for s in steps]
+    return out
+
+
+def table(res: Mapping[str, Any], *, seed: int, image_size: int) -> pd.DataFrame:
+    """One row per point of `run`'s result: rate, steps, VQA [Wilson] against the majority answer and 'learned',
+    each metric's paired change from base with its 95 % interval (`paired.paired_changes`), S, and 'qualifies'
+    by `RULE`. Sorted by steps, then rate."""
+    from sinklib.evals import paired
+    from sinklib.vl import against_majority
+
+    rows = []
+    for p in res["points"]:
+        ev = p["eval"]
+        row: dict = {"lr_lm": p["lr_lm"], "steps": p["steps"]}
+        if ev.get("vqa"):
+            v = against_majority(*ev["vqa"], seed, image_size)
+            row.update({"VQA": v["vqa"], "VQA lo": v["vqa_lo"], "VQA hi": v["vqa_hi"], "majority": v["majority"],
+                        "learned": bool(v["learned"])})
+        else:
+            row.update({"VQA": float("nan"), "learned": False})
+        for r in paired.paired_changes(res["base"], ev, seed=seed):
+            if r["metric"] in METRICS:
+                row.update({f"{r['metric']} base": r["base"], f"{r['metric']}": r["change"],
+                            f"{r['metric']} lo": r["lo"], f"{r['metric']} hi": r["hi"]})
+        row["S"] = ev["S"]
+        row["S base"] = res["base"]["S"]
+        rows.append(row)
+    t = pd.DataFrame(rows).sort_values(["steps", "lr_lm"], kind="stable").reset_index(drop=True)
+    t["qualifies"] = [qualifies(r) for _, r in t.iterrows()]
+    return t
+
+
+def qualifies(row: Mapping[str, Any]) -> bool:
+    """`RULE` for one row of `table`."""
+    hi, k_hi = row.get(f"{PRIMARY} hi"), row.get("knowledge acc hi")
+    if hi is None or k_hi is None or hi != hi or k_hi != k_hi:
+        return False
+    return bool(row.get("learned")) and hi < 0 and not k_hi < 0
+
+
+def choose(t: pd.DataFrame) -> dict | None:
+    """The frozen recipe: the qualifying row with the fewest steps, then the lowest rate, as {'lr_lm', 'steps'};
+    None when no row qualifies."""
+    ok = t[t.qualifies].sort_values(["steps", "lr_lm"], kind="stable")
+    if ok.empty:
+        return None
+    r = ok.iloc[0]
+    return {"lr_lm": float(r.lr_lm), "stage2_steps": int(r.steps)}
+
+
+def _cell(r: Mapping[str, Any], metric: str) -> str:
+    return f"{r[metric]:+.1f} [{r[metric + ' lo']:+.1f}, {r[metric + ' hi']:+.1f}]"
+
+
+def sentence(t: pd.DataFrame, model: str) -> str:
+    """The sweep in words: which points learned the task, which cost instruction format, the chosen recipe or
+    that no point qualified, with the numbers."""
+    learned = t[t.learned]
+    lost = t[t[f"{PRIMARY} hi"] < 0]
+    name = lambda r: f"rate {r.lr_lm:g} for {int(r.steps)} steps"  # noqa: E731
+    parts = [f"{model}: {len(learned)} of {len(t)} points learned the image task"]
+    if lost.empty:
+        worst = t.loc[t[PRIMARY].idxmin()]
+        parts.append(f"no point cost strict instruction format beyond the paired noise (the largest fall: "
+                     f"{_cell(worst, PRIMARY)} points at {name(worst)})")
+    else:
+        parts.append("strict instruction format fell beyond the noise at " + "; ".join(
+            f"{name(r)} ({_cell(r, PRIMARY)} points, knowledge {_cell(r, 'knowledge acc')})"
+            for _, r in lost.iterrows()))
+    c = choose(t)
+    parts.append("no point met all three conditions of the rule, so no recipe is frozen" if c is None else
+                 f"the frozen recipe is rate {c['lr_lm']:g} for {c['stage2_steps']} stage-2 steps")
+    return "; ".join(parts) + "."
+
+
+def display(t: pd.DataFrame):
+    """`table` as the chapter shows it (a `plots.Table`)."""
+    from sinklib.plots import Table
+
+    rows = [{"stage-2 rate": f"{r.lr_lm:g}", "stage-2 steps": int(r.steps),
+             "VQA % [95 %]": f"{r.VQA:.1f} [{r['VQA lo']:.1f}, {r['VQA hi']:.1f}]" if r.VQA == r.VQA else "-",
+             "majority %": round(r.majority, 1) if "majority" in r and r.majority == r.majority else "-",
+             "learned": "yes" if r.learned else "no",
+             "instructions strict (pt)": _cell(r, PRIMARY), "math strict (pt)": _cell(r, "math strict"),
+             "knowledge (pt)": _cell(r, "knowledge acc"),
+             "perplexity": _cell(r, "perplexity ppl"), "S": f"{r.S:.3f}",
+             "qualifies": "yes" if r.qualifies else "no"} for _, r in t.iterrows()]
+    return Table(pd.DataFrame(rows).set_index(["stage-2 rate", "stage-2 steps"]),
+                 "Calibration sweep: each VL snapshot against the base model on the same items. Changes are "
+                 "paired, in points (perplexity in its own units), with 95 % bootstrap intervals; VQA with its "
+                 "Wilson 95 % interval against the blind majority answer. 'qualifies': " + RULE + ".")
+
+
+def figure(t: pd.DataFrame, model: str):
+    """Paired change from base (points, 95 % intervals) of strict instructions, strict math and knowledge
+    against stage-2 steps, one line per rate; the dotted line is zero."""
+    from sinklib import plots
+
+    metrics = (("instructions strict", "strict instructions"), ("math strict", "strict math"),
+               ("knowledge acc", "knowledge"))
+    fig, axes = plots.subplots(1, len(metrics), height=3.2)
+    span = max(float(t.steps.max() - t.steps.min()), 1.0)  # rates side by side, a few % of the axis apart
+    for ax, (m, title) in zip(axes, metrics):
+        for i, (lr, g) in enumerate(t.groupby("lr_lm", sort=True)):
+            g = g.sort_values("steps")
+            ax.errorbar(g.steps + span * (i - 0.5) * 0.03, g[m], yerr=[g[m] - g[m + " lo"], g[m + " hi"] - g[m]],
+                        marker="o", capsize=3, label=f"rate {lr:g}")
+        ax.axhline(0, color="grey", ls=":", lw=1)
+        ax.set_xticks(sorted(set(t.steps)))
+        ax.set_title(title)
+        ax.set_xlabel("stage-2 steps")
+    axes[0].set_ylabel(f"{model}: change from base (pt)")
+    axes[-1].legend()
+    fig.tight_layout()
+    return fig
+
+
+def _params():
+    from sinklib import vl
+    from sinklib.core.models import MODEL_PARAMS
+    from sinklib.core.params import COMMON, boolean, choice, integer, list_of, number
+    from sinklib.core.sink import prompt_count
+    from sinklib.evals import COUNT_PARAMS
+
+    return {**MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
+            "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
+            "schedule": choice(vl.SCHEDULES), "lrs": list_of(number(1e-9, 1.0)), "steps": list_of(integer(1, 10**6)),
+            "n_prompts": prompt_count, "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192),
+            "vqa_n": integer(1, 100_000), **COUNT_PARAMS, "eval_batch_size": integer(1, 1024),
+            "show_progress": boolean(), **COMMON}
+
+
+#: the notebook's parameters and their checks (`params.validate`)
+CALIBRATION_PARAMS = _params()
