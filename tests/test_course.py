@@ -75,3 +75,16 @@ def test_guide_promises_the_sessions_it_plans():
     assert f"{words[len(course.SESSIONS) - len(optional)]} 90-minute" in tagline
     assert ("optional" in tagline) == bool(optional)
     assert "{doc}`course_guide`" in (ROOT / "book" / "intro.md").read_text()   # the instructor path links it
+
+
+def test_retimed_chapters_replace_only_their_times_and_are_named():
+    old = {"profile": "quick", "runs": {"first run": {"01_a": 60.0, "02_b": 10.0}, "rerun": {"01_a": 30.0, "02_b": 5.0}},
+           "load_average_after": [1.0, 1.0, 1.0]}
+    new = {"profile": "quick", "runs": {"first run": {"02_b": 20.0}, "rerun": {"02_b": 8.0}}}
+    m = course.merge_retimed(old, new, "2026-12-03T21:00+00:00")
+    assert m["runs"] == {"first run": {"01_a": 60.0, "02_b": 20.0}, "rerun": {"01_a": 30.0, "02_b": 8.0}}
+    assert m["retimed"] == {"02_b": "2026-12-03T21:00+00:00"}
+    md = course.markdown({"results": m, "provenance": {}})
+    assert "Timed apart later" in md and "02_b (2026-12-03T21:00)" in md
+    with pytest.raises(ParameterError, match="profile"):
+        course.merge_retimed(old, {**new, "profile": "full"}, "now")

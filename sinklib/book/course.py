@@ -25,7 +25,7 @@ from sinklib.errors import ParameterError, ResultsMissing
 SESSIONS: dict[str, list[str]] = {
     "Session 1: what a sink is and how to measure it": ["01", "02", "03"],
     "Session 2: adaptation, the panel and the repairs": ["04", "05", "06"],
-    "Session 3 (optional): a controlled panel, and switching the sink off": ["07", "08", "09"],
+    "Session 3 (optional): a controlled panel, and switching the sink off": ["07", "08", "09", "10"],
 }
 SESSION_MINUTES = 90
 RESULTS_NAME = "course_times"
@@ -39,12 +39,13 @@ def session_of(chapter: str) -> str:
     raise ParameterError(f"chapter {chapter!r} is in no session of sinklib.book.course.SESSIONS; add it to one")
 
 
-def measure(profile: str = "quick") -> dict:
-    """Run every notebook twice (cold caches, then warm) in temporary folders; seconds per notebook."""
+def measure(profile: str = "quick", only: list[str] | None = None) -> dict:
+    """Run every notebook (or the chapters `only`, by number or name) twice (cold caches, then warm) in temporary
+    folders; seconds per notebook."""
     from sinklib.book import runner as book
     from sinklib.core.models import cache_dir
 
-    names = book.notebook_names()
+    names = book.select(only) if only else book.notebook_names()
     for n in names:
         session_of(n)  # every chapter must be in a session before we spend minutes on it
     saved = {k: os.environ.get(k) for k in ("SINKBOOK_CACHE", "SINKBOOK_RESULTS")}
@@ -62,7 +63,8 @@ def measure(profile: str = "quick") -> dict:
                 results = tmp / f"results-{label.replace(' ', '-')}"
                 results.mkdir()
                 os.environ["SINKBOOK_RESULTS"] = str(results)
-                runs[label] = book.run(profile, out=tmp / f"chapters-{label.replace(' ', '-')}")
+                runs[label] = book.run(profile, only=names if only else None,
+                                       out=tmp / f"chapters-{label.replace(' ', '-')}")
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -73,12 +75,24 @@ def measure(profile: str = "quick") -> dict:
     return {"profile": profile, "runs": runs}
 
 
+def merge_retimed(old: dict, new: dict, utc: str) -> dict:
+    """The saved times `old` (results of `load`) with the chapters of `new` (`measure` with `only`) replaced, and
+    their names and time under 'retimed', so that the report says which chapters were timed apart."""
+    if old["profile"] != new["profile"]:
+        raise ParameterError(f"the saved times are for the {old['profile']!r} profile, the new ones for "
+                             f"{new['profile']!r}: time every chapter again with that profile")
+    runs = {label: {**old["runs"][label], **new["runs"][label]} for label in old["runs"]}
+    retimed = {**old.get("retimed", {}), **{n: utc for n in new["runs"]["first run"]}}
+    return {"profile": old["profile"], "runs": runs, "retimed": retimed}
+
+
 def save(measured: dict) -> str:
     """Save the times with the book's provenance (`book.save_results`); the load average goes with them, since
     a busy machine makes every time an upper bound."""
     from sinklib.book import runner as book
 
-    results = {**measured, "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    results = {**measured, "load_average_after": measured.get("load_average_after")
+               or [round(x, 2) for x in os.getloadavg()]}
     seconds = sum(sum(run.values()) for run in measured["runs"].values())
     return book.save_results(RESULTS_NAME, results, params={"profile": measured["profile"]}, seconds=seconds)
 
@@ -116,7 +130,8 @@ def markdown(doc: dict) -> str:
             + (f"; the machine's load average over the last 1/5/15 minutes was "
                f"{'/'.join(str(x) for x in load)} at the end (above its core count means another "
                "job shared the machine and the times are upper bounds)" if load else "")
-            + ".\n")
+            + "." + ("" if not doc["results"].get("retimed") else " Timed apart later, on the same kind of machine: "
+                     + ", ".join(f"{n} ({t[:16]})" for n, t in doc["results"]["retimed"].items()) + ".") + "\n")
     return "\n".join(rows) + "\n" + note
 
 
@@ -136,9 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("time", help="run every chapter's quick profile twice (cold, warm) and save the times")
     t.add_argument("--profile", default="quick")
+    t.add_argument("--only", nargs="+", help="re-time these chapters only (number or name), keeping the others' times")
     sub.add_parser("report", help="write book/_generated/course_times.md from the saved times")
     a = ap.parse_args(argv)
-    if a.cmd == "time":
+    if a.cmd == "time" and a.only:
+        from datetime import datetime, timezone
+
+        old = load()["results"]
+        new = measure(a.profile, a.only)
+        print("saved", save(merge_retimed(old, new, datetime.now(timezone.utc).isoformat(timespec="minutes"))))
+    elif a.cmd == "time":
         print("saved", save(measure(a.profile)))
     print("wrote", write_report())
     return 0
