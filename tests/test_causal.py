@@ -172,7 +172,8 @@ def test_order_verdict_rules():
     fall, flat = (-20, -5), (-10, 4)
     v = causal.order_verdict(t([(0.25, "math strict", *fall), (0.25, "knowledge acc", *flat),
                                 (0.5, "knowledge acc", *fall), (0.5, "instructions strict", *flat)]))
-    assert v == {"format_dose": 0.25, "knowledge_dose": 0.5, "verdict": "format falls first (dose 0.25, knowledge from 0.5)"}
+    assert v == {"format_dose": 0.25, "knowledge_dose": 0.5, "untested_doses": [],
+                 "verdict": "format falls first (dose 0.25, knowledge from 0.5)"}
     v = causal.order_verdict(t([(0.5, "math strict", *flat), (0.5, "knowledge acc", *fall)]))
     assert v["verdict"] == "knowledge falls (from dose 0.5), format does not"
     v = causal.order_verdict(t([(1.0, "math lenient", *fall), (1.0, "knowledge acc", *flat)]))

@@ -216,10 +216,12 @@ def _fake(monkeypatch, docs):
     monkeypatch.setattr(book, "load_results", load)
 
 
-def ch8_order(f, k, random=(None, None)):
+def ch8_order(f, k, random=(None, None), matched=None, untested=()):
     def row(m, c, fd, kd):
-        return {"model": m, "control": c, "format_dose": fd, "knowledge_dose": kd, "verdict": f"{c}: {fd} / {kd}"}
-    return _doc({"verdicts": [row(A, "sink", f, k), row(A, "random", *random)]}, models=(A,))
+        return {"model": m, "control": c, "format_dose": fd, "knowledge_dose": kd, "verdict": f"{c}: {fd} / {kd}",
+                "untested_doses": list(untested) if c == "matched" else []}
+    rows = [row(A, "sink", f, k), row(A, "random", *random)] + ([row(A, "matched", *matched)] if matched else [])
+    return _doc({"verdicts": rows}, models=(A,))
 
 
 def ch8_repair(loss_hi, sink_lo, random_lo=-5.0, other_lo=-5.0, sink_hi=10.0):
@@ -313,6 +315,9 @@ CASES = [
     ("9a", {C8: ch8_order(None, None)}, INCONCLUSIVE), ("9a", {C8: ch8_order(0.3, 0.3)}, INCONCLUSIVE),
     ("9a", {C8: ch8_order(1.0, None, random=(1.0, None))}, INCONCLUSIVE),   # random heads fall as early: not specific
     ("9a", {C8: ch8_order(0.3, None, random=(1.0, None))}, REPRODUCED),
+    ("9a", {C8: ch8_order(0.3, None, random=(1.0, None), matched=(0.3, None))}, INCONCLUSIVE),  # matched falls too
+    ("9a", {C8: ch8_order(0.3, None, random=(1.0, None), matched=(0.3, None), untested=(0.3,))}, REPRODUCED),
+    ("9a", {C8: ch8_order(0.3, None, random=(1.0, None), matched=(0.5, None))}, REPRODUCED),
     ("9b", {C8: ch8_repair(-2.0, 1.0)}, REPRODUCED),
     ("9b", {C8: ch8_repair(2.0, 1.0)}, NOT_TESTED),                           # nothing lost: nothing to repair
     ("9b", {C8: ch8_repair(-2.0, -3.0, random_lo=1.0)}, CONTRADICTED),        # a control repairs, the sink heads not

@@ -2,8 +2,8 @@
 chosen sink heads ablated (cached by their parameters, per-item outcomes kept), paired tests of every change
 against the unablated model (exact McNemar for pass/fail metrics, a paired bootstrap interval for every
 metric), and the dose-response plan with its two controls at each dose: the same number of random heads,
-and the same sink heads losing the same attention mass from their other keys instead (most-attended first)
-(`remove_matched`).
+and the same attention mass removed from keys other than the sink (most-attended first; `remove_matched`), from
+the sink heads and as many further heads as it takes to match the sink's mass (`sinklib.causal.matched`).
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from sinklib import evals
+from sinklib.causal import matched
+from sinklib.causal.matched import TOLERANCE
 from sinklib.core import intervene
 from sinklib.core.cache import cached_json
 from sinklib.errors import ParameterError
@@ -64,9 +66,10 @@ TINY_EVAL_N = {"format": "n_format", "knowledge": "n_knowledge", "perplexity": "
 
 def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode: str = "remove", shift: float = 0.0,
              eval_n: Mapping[str, int], seed: int = 0, eval_batch_size: int = 8, first_token: str = "default",
-             tag: str = "") -> dict:
+             tag: str = "", take: Mapping[int, Mapping[int, float]] | None = None) -> dict:
     """The suites of `eval_n` on `lm` (sinklib.core.models.Loaded) with `heads` ({layer: [head, ...]}; None or empty:
-    the unablated model) under the intervention `mode`; cached under `causal/`. first_token: 'default' (the
+    the unablated model) under the intervention `mode` (take: the shares of `remove_matched`, see
+    `sinklib.core.intervene`); cached under `causal/`. first_token: 'default' (the
     tokenizer as it is), 'none' (no BOS: `FirstToken(tok, None)`) or 'eos' (the EOS token prepended instead of
     any BOS). -> {'scores' (rows of evals.results_table), 'outcomes' (`outcomes`), 'mean_mass_taken' (per
     intervened head and query), 'n_heads'}."""
@@ -75,6 +78,9 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
            "mode": mode if heads else "none", "shift": float(shift) if heads and mode == "shift" else 0.0,
            "eval_n": dict(eval_n), "seed": int(seed), "batch": int(eval_batch_size), "tag": tag,
            "version": CAUSAL_VERSION}
+    if take is not None and key["heads"]:
+        key["take"] = {str(int(l)): {str(int(h)): round(float(s), 9) for h, s in sorted(t.items())}
+                       for l, t in sorted(take.items()) if len(t)}
     if not isinstance(lm, TinyLM):  # the embedded suites' item files (chapter 7's suites are generated)
         key["items"] = fingerprint(dict(eval_n))
     if first_token != "default":
@@ -84,7 +90,7 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
     tok = first_token_tokenizer(lm.tokenizer, first_token)
 
     def compute() -> dict:
-        ctx = (intervene.sink_intervention(lm.model, heads, mode=mode, shift=shift) if key["heads"]
+        ctx = (intervene.sink_intervention(lm.model, heads, mode=mode, shift=shift, take=take) if key["heads"]
                else contextlib.nullcontext(None))
         with ctx as plan:
             if isinstance(lm, TinyLM):
@@ -103,8 +109,8 @@ def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed:
                controls: Sequence[str] = CONTROLS) -> list[dict]:
     """The conditions of a dose-response curve: at each fraction of the (layer, head) pairs of `layers`, the
     heads with the most sink mass (`sink`, mode remove), as many random heads (`random`, remove; seed + the
-    dose's index) and the same sink heads under `remove_matched` (`matched`). Fraction 0 is one 'none' row.
-    -> rows {dose, k, control, mode, heads}."""
+    dose's index) and the same sink heads under `remove_matched` (`matched`, to be matched in mass by
+    `sinklib.causal.matched.match_plans`). Fraction 0 is one 'none' row. -> rows {dose, k, control, mode, heads}."""
     bad = [c for c in controls if c not in CONTROLS]
     if bad:
         raise ParameterError(f"parameter 'controls' has {bad}; allowed: {', '.join(CONTROLS)}")
@@ -124,6 +130,31 @@ def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed:
     if not any(r["k"] == 0 for r in rows) and n:
         rows.insert(0, {"dose": 0.0, "k": 0, "control": "none", "mode": "none", "heads": {}})
     return rows
+
+
+def set_overlap(plans: Sequence[Mapping]) -> list[dict]:
+    """Per dose of `dose_plans` with both a sink and a random row: {dose, k, shared (heads in both sets),
+    differ (the two sets are not the same)}."""
+    by = {(float(p["dose"]), p["control"]): p for p in plans}
+    out = []
+    for d in sorted({d for d, c in by if c == "sink" and (d, "random") in by}):
+        a, b = (_heads_key(by[(d, c)]["heads"]) for c in ("sink", "random"))
+        shared = sum(len(set(a.get(l, [])) & set(b.get(l, []))) for l in a)
+        out.append({"dose": d, "k": by[(d, "sink")]["k"], "shared": shared, "differ": a != b})
+    return out
+
+
+def overlap_sentence(overlaps: Mapping[str, Sequence[Mapping]]) -> str:
+    """{model: `set_overlap` rows} in words: at which doses the sink and random head sets differ."""
+    def doses(rows, differ: bool) -> str:
+        return ", ".join(f"{r['dose']:g}" for r in rows if r["differ"] == differ)
+
+    parts = []
+    for name, rows in overlaps.items():
+        diff, same = doses(rows, True), doses(rows, False)
+        parts.append(f"{name}: the sink and random heads are different sets at dose {diff or 'none'}"
+                     + (f" and the same set at dose {same} (every head of the considered layers)" if same else ""))
+    return "; ".join(parts)
 
 
 class FirstToken:
@@ -177,10 +208,13 @@ KNOWLEDGE = ("knowledge acc",)
 
 
 def dose_response(lm: Any, plans: Sequence[Mapping], *, eval_n: Mapping[str, int], seed: int = 0,
-                  eval_batch_size: int = 8, log=None) -> tuple[Any, dict]:
-    """Evaluate every row of `dose_plans` (cached) and pair it with the unablated model.
-    -> (DataFrame {model, dose, control, k, mass_taken, metric, base, other, change, lo, hi, p},
-        {(dose, control): evaluate's result}, with (0.0, 'none') the unablated model)."""
+                  eval_batch_size: int = 8, log=None, tolerance: float = TOLERANCE) -> tuple[Any, dict]:
+    """Evaluate every row of `dose_plans` (cached; matched rows as `sinklib.causal.matched.match_plans` left
+    them) and pair it with the unablated model.
+    -> (DataFrame {model, dose, control, k, n_heads, mass_taken, mass_removed, metric, base, other, change, lo,
+        hi, p, mass_diff, matched_ok}, {(dose, control): evaluate's result}, with (0.0, 'none') the unablated
+        model). mass_taken: per intervened head and query; mass_removed: per query summed over the intervened
+        heads, in units of the dose's k (the matched control's comparison, `matched.flag` at `tolerance`)."""
     import pandas as pd
 
     base = evaluate(lm, None, eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
@@ -188,15 +222,17 @@ def dose_response(lm: Any, plans: Sequence[Mapping], *, eval_n: Mapping[str, int
     for p in plans:
         if p["k"] == 0:
             continue
-        r = evaluate(lm, p["heads"], mode=p["mode"], eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
+        r = evaluate(lm, p["heads"], mode=p["mode"], eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size,
+                     take=p.get("take"))
         results[(float(p["dose"]), p["control"])] = r
+        removed = r["mean_mass_taken"] * r["n_heads"] / p["k"]
         for ch in paired_changes(base, r, seed=seed):
             rows.append({"model": lm.name, "dose": float(p["dose"]), "control": p["control"], "k": p["k"],
-                         "mass_taken": r["mean_mass_taken"], **ch})
+                         "n_heads": r["n_heads"], "mass_taken": r["mean_mass_taken"], "mass_removed": removed, **ch})
         if log:
-            log(f"{lm.name}: dose {p['dose']:g} {p['control']:8s} {p['k']:3d} heads, mass taken "
-                f"{r['mean_mass_taken']:.3f}")
-    return pd.DataFrame(rows), results
+            log(f"{lm.name}: dose {p['dose']:g} {p['control']:8s} {r['n_heads']:3d} heads, mass removed {removed:.3f}")
+    table = pd.DataFrame(rows)
+    return (matched.flag(table, tolerance) if len(table) else table), results
 
 
 def falls(row: Mapping) -> bool:
@@ -204,29 +240,39 @@ def falls(row: Mapping) -> bool:
     return bool(row["lo"] > 0) if row["metric"].startswith("perplexity") else bool(row["hi"] < 0)
 
 
+def _order_words(f: float | None, k: float | None) -> str:
+    if f is None and k is None:
+        return "neither falls outside the noise at any dose"
+    if k is None:
+        return f"format falls (from dose {f:g}), knowledge does not"
+    if f is None:
+        return f"knowledge falls (from dose {k:g}), format does not"
+    if f < k:
+        return f"format falls first (dose {f:g}, knowledge from {k:g})"
+    if k < f:
+        return f"knowledge falls first (dose {k:g}, format from {f:g})"
+    return f"format and knowledge fall together (dose {f:g})"
+
+
 def order_verdict(table, control: str = "sink") -> dict:
     """Which skill falls first along the dose of one control (rows of `dose_response`'s table for one model):
-    the smallest dose at which a strict-format metric falls (`falls`) against the same for knowledge.
-    -> {'format_dose', 'knowledge_dose' (None: never), 'verdict'}."""
+    the smallest dose at which a strict-format metric falls (`falls`) against the same for knowledge. Doses at
+    which the control is not tested (a matched control outside the mass tolerance, `matched_ok` False) are left
+    out and named. -> {'format_dose', 'knowledge_dose' (None: never), 'untested_doses', 'verdict'}."""
     t = table[table.control == control]
+    bad = sorted({float(d) for d in t[~t.matched_ok].dose}) if "matched_ok" in t else []
+    t = t[~t.dose.isin(bad)]
     first = {}
     for name, metrics in (("format", STRICT), ("knowledge", KNOWLEDGE)):
         d = sorted(float(r.dose) for r in t[t.metric.isin(metrics)].itertuples() if falls(r._asdict()))
         first[name] = d[0] if d else None
     f, k = first["format"], first["knowledge"]
-    if f is None and k is None:
-        v = "neither falls outside the noise at any dose"
-    elif k is None:
-        v = f"format falls (from dose {f:g}), knowledge does not"
-    elif f is None:
-        v = f"knowledge falls (from dose {k:g}), format does not"
-    elif f < k:
-        v = f"format falls first (dose {f:g}, knowledge from {k:g})"
-    elif k < f:
-        v = f"knowledge falls first (dose {k:g}, format from {f:g})"
+    if bad and not len(t):
+        v = "not tested: the attention mass removed is outside the tolerance at every dose"
     else:
-        v = f"format and knowledge fall together (dose {f:g})"
-    return {"format_dose": f, "knowledge_dose": k, "verdict": v}
+        v = _order_words(f, k) + (f" (not tested at dose {', '.join(f'{d:g}' for d in bad)}: the attention mass "
+                                  "removed is outside the tolerance)" if bad else "")
+    return {"format_dose": f, "knowledge_dose": k, "untested_doses": bad, "verdict": v}
 
 
 def _tiny_variants() -> tuple[str, ...]:
@@ -243,7 +289,7 @@ def _chapter8_params() -> dict:
 
     return {**MODEL_PARAMS, "seed": integer(0), "n_prompts": prompt_count, "max_tokens": integer(8, 4096),
             "last_k_layers": integer(1, 1000), "fractions": list_of(number(0.0, 1.0)),
-            "controls": list_of(choice(CONTROLS)), "first_tokens": list_of(choice(FIRST_TOKENS)),
+            "controls": list_of(choice(CONTROLS)), "match_tolerance": number(0.0, 1.0), "first_tokens": list_of(choice(FIRST_TOKENS)),
             "repair_fractions": list_of(number(0.0, 1.0)), "tiny_variants": list_of(choice(_tiny_variants()), min_len=0),
             "tiny_profile": choice(("quick", "full")), **COUNT_PARAMS,
             "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}

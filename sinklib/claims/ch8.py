@@ -17,29 +17,54 @@ def ablation_order(res):
         if s is None:
             continue
         f, k = s["format_dose"], s["knowledge_dose"]
-        rf = (by.get("random") or {}).get("format_dose")
-        specific = f is not None and (rf is None or rf > f)
         first = f is not None and (k is None or f < k)
+        early = _early_controls(by, f)
+        specific = f is not None and not early
         v, why = decide(None, counts=(int(first and specific), int(k is not None and (f is None or k < f)), 1),
-                        quantity="orderings (for: format falls before knowledge and before as many random heads; "
-                                 "against: knowledge falls first)")
+                        quantity="orderings (for: format falls before knowledge and before as many random heads and "
+                                 "the mass-matched control where it is tested; against: knowledge falls first)")
         if first and not specific:
-            why = ("format falls before knowledge, but as many random heads make it fall at the same dose (at dose 1 "
-                   "both are every head), so the fall is not specific to the sink heads")
+            why = (f"format falls before knowledge, but {' and '.join(early)} make it fall at the same dose or earlier "
+                   "(at dose 1 the random heads are every head), so the fall is not specific to the sink heads")
         ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
         out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else "") + _mass(doc, m), v,
                   why + " (rule: the smallest dose whose paired 95 % interval lies below zero)")
     return per_model(out)
 
 
+def _early_controls(by: dict, f: float | None) -> list[str]:
+    """The controls whose strict format falls at dose `f` or earlier: as many random heads, and the mass-matched
+    control where it is tested (a dose at which its mass is outside the tolerance does not count)."""
+    if f is None:
+        return []
+    names = {"random": "as many random heads", "matched": "the same attention mass removed elsewhere"}
+    out = []
+    for c, words in names.items():
+        d = (by.get(c) or {}).get("format_dose")
+        if d is not None and d <= f and f not in (by.get(c) or {}).get("untested_doses", []):
+            out.append(words)
+    return out
+
+
 def _mass(doc: dict, model: str) -> str:
-    """'; attention mass taken at dose d: sink x, random y, matched z' for the doses below 1 (empty without rows)."""
+    """'; attention mass removed ... at dose d: sink x, random y, matched z (...)' for the doses below 1 (empty
+    without rows): per query, in units of the dose's sink heads, with the matched control's tolerance check."""
     rows = doc["results"].get("dose_response") or []
-    by = {(r["dose"], r["control"]): r["mass_taken"] for r in rows if r["model"] == model and "mass_taken" in r}
+    key = "mass_removed" if any("mass_removed" in r for r in rows) else "mass_taken"
+    by = {(r["dose"], r["control"]): r for r in rows if r["model"] == model and key in r}
     doses = sorted({d for d, _ in by if 0 < d < 1})
-    parts = [f"dose {d:g}: " + ", ".join(f"{c} {by[(d, c)]:.2f}" for c in ("sink", "random", "matched") if (d, c) in by)
+
+    def one(d: float, c: str) -> str:
+        r = by[(d, c)]
+        flag = "" if c != "matched" or "matched_ok" not in r else (" within tolerance" if r["matched_ok"]
+                                                                     else " outside tolerance: not tested")
+        return f"{c} {r[key]:.2f}{flag}"
+
+    parts = [f"dose {d:g}: " + ", ".join(one(d, c) for c in ("sink", "random", "matched") if (d, c) in by)
              for d in doses]
-    return f"; first-token attention mass removed, {'; '.join(parts)}" if parts else ""
+    what = ("attention mass removed per query (units of the dose's sink heads)" if key == "mass_removed"
+            else "first-token attention mass removed")
+    return f"; {what}, {'; '.join(parts)}" if parts else ""
 
 
 @claim("9b", "Mechanism (causal test, ours): the VL loss flows through the sink heads' W_Q/W_K; restoring them "

@@ -9,7 +9,10 @@ chosen set of (layer, head) pairs, changes what each query does with the sink ke
   sink is taken instead from the other visible keys, the most-attended first, then the row is renormalised,
   so a head loses as much attention as under ``remove`` but keeps its sink. Where the sink holds more than
   half of a query's attention, the other keys hold less than that: all of it is taken (the head then attends
-  to the sink alone), and ``removed`` shows how much less than ``remove`` the control took.
+  to the sink alone), and ``removed`` shows how much less than ``remove`` the control took. With ``take``
+  ({layer: {head: share}}), each head instead loses that share of its non-sink attention (most-attended
+  first; heads not named in ``take`` lose all of it): the form `sinklib.causal.matched` uses to match the
+  sink's mass over more heads.
 
 Queries at or before the sink (its own row, left padding) are left alone; layers and heads outside the
 set run SDPA as usual. The intervened layers compute their attention map explicitly (fp32, in chunks of
@@ -40,6 +43,7 @@ class _Plan:
     mode: str
     shift: float
     chunk: int
+    take: dict[int, torch.Tensor] | None = None  # layer -> float [H]: share of non-sink attention taken
     removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, H, Tq] mass taken (last pass)
     taken_sum: float = 0.0                   # mass taken, summed over every pass, intervened head and query
     taken_n: int = 0                         # the (head, query) entries it is summed over
@@ -54,12 +58,14 @@ _ACTIVE: _Plan | None = None
 
 
 def adjust_logits_and_probs(logits: torch.Tensor, allowed: torch.Tensor, heads: torch.Tensor, sink: torch.Tensor,
-                            q_pos: torch.Tensor, mode: str, shift: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                            q_pos: torch.Tensor, mode: str, shift: float = 0.0,
+                            take: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The intervention on one chunk of masked logits (pure; tested on its own).
 
     logits [B, H, C, Tk] (masked entries already at the dtype's minimum), allowed bool [B|1, 1|H, C, Tk],
     heads bool [H], sink [B] key index, q_pos [C] query positions -> (probabilities [B, H, C, Tk], mass taken
-    [B, H, C]). Only rows with q_pos > sink and heads[h] are changed.
+    [B, H, C]). Only rows with q_pos > sink and heads[h] are changed. take float [H] (remove_matched only): the
+    share of each head's non-sink attention taken instead of the sink's mass.
     """
     b, h, c, tk = logits.shape
     act = heads.view(1, h, 1) & (q_pos.view(1, 1, c) > sink.view(b, 1, 1))            # [B, H, C]
@@ -77,13 +83,18 @@ def adjust_logits_and_probs(logits: torch.Tensor, allowed: torch.Tensor, heads: 
         return probs, torch.where(act, taken, torch.zeros_like(taken))
     # remove_matched: take p_sink from the visible non-sink keys instead, the most-attended first
     other = base.masked_fill(sink_col | ~allowed.expand(b, h, c, tk), 0.0)
-    m = torch.where(act, torch.minimum(p_sink, other.sum(-1)), torch.zeros_like(p_sink))   # [B, H, C]
+    budget = (other.sum(-1) * take.to(other.dtype).view(1, h, 1) if take is not None
+              else torch.minimum(p_sink, other.sum(-1)))
+    m = torch.where(act, budget, torch.zeros_like(p_sink))                              # [B, H, C]
     srt, order = other.sort(dim=-1, descending=True)
     before = srt.cumsum(-1) - srt                                                       # mass of larger keys
-    take_sorted = (m[..., None] - before).clamp(min=0).minimum(srt)
-    take = torch.zeros_like(base).scatter(-1, order, take_sorted)
-    probs = (base - take) / (1 - m)[..., None]
-    return probs, m
+    cut_sorted = (m[..., None] - before).clamp(min=0).minimum(srt)
+    left = base - torch.zeros_like(base).scatter(-1, order, cut_sorted)
+    total = left.sum(-1, keepdim=True)
+    # a row left with (almost) nothing, every non-sink key taken from a head without sink mass: the sink alone
+    alone = sink_col.expand(b, h, c, tk).to(left.dtype)
+    probs = torch.where(total > 1e-12, left / total.clamp_min(1e-12), alone)
+    return torch.where(act[..., None], probs, base), m
 
 
 def intervene_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -125,7 +136,8 @@ def intervene_attention(module, query, key, value, attention_mask, dropout: floa
             logits = logits + add
         logits = logits.masked_fill(~allowed, torch.finfo(torch.float32).min)
         q_pos = torch.arange(tq, device=query.device)[rows] + (tk - tq)
-        probs, m = adjust_logits_and_probs(logits, allowed, heads, sink, q_pos, plan.mode, plan.shift)
+        share = plan.take[layer].to(query.device) if plan.take is not None else None
+        probs, m = adjust_logits_and_probs(logits, allowed, heads, sink, q_pos, plan.mode, plan.shift, share)
         out[:, :, rows] = torch.matmul(probs, v)
         taken[:, :, rows] = m
     plan.removed[layer] = taken
@@ -167,6 +179,20 @@ def head_plan(heads: Mapping[int, Sequence[int]] | torch.Tensor | np.ndarray, n_
     return plan
 
 
+def take_plan(take: Mapping[int, Mapping[int, float]] | None, plan: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor] | None:
+    """{layer: float [H]} of the shares taken from each planned head's non-sink attention: ``take``'s value
+    ({layer: {head: share}}), 1 for a planned head it does not name, 0 elsewhere; None without ``take``."""
+    if take is None:
+        return None
+    out = {l: m.float() for l, m in plan.items()}
+    for layer, hs in dict(take).items():
+        for hh, share in dict(hs).items():
+            if int(layer) not in plan or not plan[int(layer)][int(hh)]:
+                raise ParameterError(f"parameter 'take' names head {hh} of layer {layer}, which is not intervened on")
+            out[int(layer)][int(hh)] = check_float("take[][]", float(share), 0.0, 1.0)
+    return out
+
+
 def _first_real_token(module, args, kwargs) -> None:
     """Forward pre-hook on the trunk: the sink of each row is its first real token (the 2-D attention mask
     covers the cached keys too, so this holds at every decoding step)."""
@@ -181,11 +207,12 @@ def _first_real_token(module, args, kwargs) -> None:
 
 @contextlib.contextmanager
 def sink_intervention(model, heads, sink_index: torch.Tensor | None = None, mode: str = "remove",
-                      shift: float = 0.0, chunk: int = 256):
+                      shift: float = 0.0, chunk: int = 256, take: Mapping[int, Mapping[int, float]] | None = None):
     """Context in which forward passes of ``model`` apply the intervention to ``heads`` ({layer: [head, ...]}
     or bool [L, H]). sink_index [B]: key position of the sink per row; None (the default): each row's first
     real token, read from the attention mask of every forward pass (so `sinklib.evals` and ``generate`` run
-    unchanged inside the context). Yields the plan; ``plan.removed[l]`` is the mass taken [B, H, T] by the
+    unchanged inside the context). take ({layer: {head: share}}, mode remove_matched only; see the module's
+    docstring): the share of each head's non-sink attention taken. Yields the plan; ``plan.removed[l]`` is the mass taken [B, H, T] by the
     last forward pass."""
     global _ACTIVE
     from sinklib.core.anatomy import n_layers, trunk
@@ -194,8 +221,11 @@ def sink_intervention(model, heads, sink_index: torch.Tensor | None = None, mode
     shift = check_float("shift", shift, -1e4, 1e4)
     register_intervention()
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    plan = _Plan(heads=head_plan(heads, n_layers(model), cfg.num_attention_heads),
-                 sink_index=None if sink_index is None else sink_index.long(), mode=mode, shift=shift, chunk=chunk)
+    hp = head_plan(heads, n_layers(model), cfg.num_attention_heads)
+    if take is not None and mode != "remove_matched":
+        raise ParameterError(f"parameter 'take' is for mode 'remove_matched'; got mode {mode!r}")
+    plan = _Plan(heads=hp, sink_index=None if sink_index is None else sink_index.long(), mode=mode, shift=shift,
+                 chunk=chunk, take=take_plan(take, hp))
     hook = trunk(model).register_forward_pre_hook(_first_real_token, with_kwargs=True) if sink_index is None else None
     prev = model.config._attn_implementation
     model.set_attn_implementation(INTERVENE_NAME)
