@@ -506,3 +506,41 @@ def test_s_margin_row_checks_every_pair_of_models(monkeypatch):
     _fake(monkeypatch, {C2: _doc({"S": S, "robustness": steady, "sensitivity": [], "timing": []}, models=models)})
     row = claims.evaluate(BY_ID["3"]).row
     assert "36 of 36" in row.ours[0] and row.verdict in (REPRODUCED, INCONCLUSIVE)
+
+
+def test_merge_verdict_says_when_a_merge_cannot_be_decided():
+    """Chapter 6's per-merge verdict goes through `decide`: not tested while the VL loss is within noise (or the VL
+    model did not learn VQA), contradicted when the merge recovers, reproduced below the base, else inconclusive."""
+    from sinklib.claims import NO_VQA, merge_verdict, vqa_not_learned
+    from sinklib.stats.verdicts import Est
+
+    lost = Est(-10.0, -15.0, -5.0)
+    assert merge_verdict(Est(-8, -12, -4), Est(2, -1, 5), Est(-1, -6, 4)).outcome == NOT_TESTED
+    assert "nothing to recover" in merge_verdict(Est(-8, -12, -4), Est(2, -1, 5), Est(-1, -6, 4)).why
+    assert merge_verdict(Est(-8, -12, -4), Est(2, -1, 5), lost).outcome == REPRODUCED
+    assert merge_verdict(Est(-2, -7, 3), Est(8, 3, 13), lost).outcome == CONTRADICTED  # not below base, above VL
+    assert merge_verdict(Est(6, 1, 11), Est(16, 11, 21), lost).outcome == CONTRADICTED
+    v = merge_verdict(Est(-2, -7, 3), Est(1, -3, 5), lost)
+    assert v.outcome == INCONCLUSIVE and "contains zero" in v.why
+    assert vqa_not_learned(63.0, 200, 40.0) == ""
+    why = vqa_not_learned(45.0, 200, 40.0)
+    assert why.startswith(NO_VQA) and why.endswith("%)")
+    assert merge_verdict(Est(-8, -12, -4), Est(2, -1, 5), lost, why).outcome == NOT_TESTED
+
+
+def test_outcome_counts_in_words():
+    from sinklib.claims import outcome_counts
+
+    assert outcome_counts([NOT_TESTED, REPRODUCED, NOT_TESTED]) == "1 reproduced, 2 not tested"
+    assert outcome_counts([]) == "none"
+
+
+def test_undecided_reasons_name_each_open_verdict_once():
+    import pandas as pd
+
+    from sinklib.claims import undecided_reasons
+
+    v = pd.DataFrame({"model": ["a", "a", "a", "b"], "outcome": [NOT_TESTED, NOT_TESTED, REPRODUCED, REPRODUCED],
+                      "why": ["nothing to recover", "nothing to recover", "below", "below"]})
+    assert undecided_reasons(v) == "a: 2 of 3 merges not tested (nothing to recover)"
+    assert undecided_reasons(v[v.model == "b"]).startswith("none")

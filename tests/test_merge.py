@@ -466,3 +466,45 @@ def test_run_conditions_injects_fine_tunes_both_arms_once_and_keeps_the_original
     assert again == rows and len(tuned) == 2 and len(seen) == 4  # everything from the cache
     only, _ = inject.run_conditions(lm, **{**kw, "recovery_steps": 0})
     assert list(only) == ["original", "injected"]
+
+
+def _suite_rows(strict: float, lenient: float) -> list[dict]:
+    """evals.results_table rows of one condition whose every instruction item carries one instruction, so that the
+    instruction-level scores equal the prompt-level ones (as in chapter 6's 24 sampled items)."""
+    rows = []
+    for suite, metric, v in [("instructions", "strict", strict), ("instructions", "lenient", lenient),
+                             ("instructions", "inst_strict", strict), ("instructions", "inst_lenient", lenient),
+                             ("math", "strict", 40.0), ("math", "lenient", 43.3), ("knowledge", "acc", 74.0),
+                             ("knowledge", "acc_norm", 67.0), ("perplexity", "ppl", 30.0),
+                             ("perplexity", "bits_per_byte", 1.0)]:
+        rows.append({"suite": suite, "metric": metric, "score": v, "lo": v - 5, "hi": v + 5, "n": 24, "seconds": 1.0})
+    return rows
+
+
+def test_injection_table_shows_each_quantity_once():
+    """Chapter 6's injection table repeated rows: instruction-level scores equal to the prompt-level ones (every
+    sampled item had one instruction) beside them; it shows chapter 4's main metrics and S, each once."""
+    from sinklib.adapt.scores import MAIN_METRICS
+    from sinklib.controls import inject
+
+    rows = {"original": {"scores": _suite_rows(29.2, 33.3), "S": 0.725},
+            "injected": {"scores": _suite_rows(12.5, 20.8), "S": 3.563}}
+    t = inject.score_table(rows)
+    assert list(t.columns) == ["original", "injected"]
+    assert list(t.index) == list(MAIN_METRICS) + [("sink", "S")]
+    assert not t.duplicated().any()
+    assert ("instructions", "inst_strict") not in t.index and ("knowledge", "acc_norm") not in t.index
+    assert t.loc[("sink", "S"), "injected"] == "3.563"
+    assert t.loc[("instructions", "strict"), "original"] == "29.2 [24.2, 34.2]"
+
+
+def test_chapter_6_builds_its_tables_through_sinklib():
+    """The notebook's injection table comes from `inject.score_table` (its own pivot of every suite metric showed
+    the repeated instruction rows) and Figure 6.1 from `merge.recovery_figure`."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "06_negative_controls.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "inject.score_table(inj_rows)" in code and "pivot_table" not in code
+    assert "merge.recovery_figure(merged, models)" in code and "ax.annotate" not in code

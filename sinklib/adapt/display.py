@@ -75,6 +75,8 @@ def merge_verdict_table(verdicts: pd.DataFrame):
     names = {"strict format change vs VL (pt)": "strict change vs VL (pt)", "worse than VL": "worse than VL",
              "recovers to base level": "back to base", "VQA kept (% of VL)": "VQA kept (%)", "S": "S"}
     v = verdicts.copy()
+    if "outcome" in v.columns:  # the per-merge verdict of `claims.merge_verdict`, its reasons in the legend
+        names["outcome"] = "verdict: no recovery"
     if {"lo", "hi"} <= set(v.columns):
         v["strict format change vs VL (pt)"] = [f"{x:+.1f} [{lo:+.1f}, {hi:+.1f}]" for x, lo, hi in
                                                 zip(v["strict format change vs VL (pt)"], v.lo, v.hi)]
@@ -86,10 +88,13 @@ def merge_verdict_table(verdicts: pd.DataFrame):
                          for m in [", ".join(dict.fromkeys(ms))])
     paired_note = (" [paired bootstrap 95 % interval over the shared items]; worse than VL: that interval lies below "
                    "zero" if {"lo", "hi"} <= set(v.columns) else "")
+    why = "" if "why" not in v.columns else " Verdict of 'no merge recovers the VL loss' per merge, by the claims " \
+        "page's rule: " + "; ".join(f"{o} ({n} of {len(v)}): {w}" for (o, w), n in v.groupby(["outcome", "why"],
+                                                                                             sort=False).size().items()) + "."
     return Table(d, f"strict = mean of the strict-format scores{paired_note}; back to base: the merge recovers the "
                     "VL loss by the claims page's paired rule (above the base outside the noise, or not below it and "
                     "above VL outside the noise); VQA kept: the merge's VQA accuracy as % of the VL model's. The "
-                    f"paper's verdict (reported): {reported}.")
+                    f"paper's verdict (reported): {reported}.{why}")
 
 
 def interval_cell(change: float, lo: float, hi: float, p: float = float("nan")) -> str:

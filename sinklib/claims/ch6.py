@@ -64,6 +64,48 @@ def merge_worse(to_vl: Est) -> bool:
     return to_vl.hi < 0
 
 
+NOTHING_TO_RECOVER = "precondition failed: the VL loss is within noise (nothing to recover)"
+
+
+def vqa_not_learned(vqa_pct: float, vqa_n: int, majority: float) -> str:
+    """'' when the VL model's VQA interval (Wilson, `vqa_n` items) lies above the blind majority baseline, else the
+    not-tested reason: a merge of a model that did not learn the visual task tests nothing about keeping it."""
+    e = wilson_pct(vqa_pct, vqa_n)
+    return "" if e.lo > majority else f"{NO_VQA} (VQA {e.v:.0f} % [{e.lo:.0f}, {e.hi:.0f}] vs majority {majority:.0f} %)"
+
+
+def merge_verdict(to_base: Est, to_vl: Est, vl_loss: Est, not_tested: str = "") -> Verdict:
+    """One merge against the paper's 'no merging setting recovers the VL loss', by the claims page's rule
+    (`decide`): not tested while the VL model's own strict-format change from the base (`vl_loss`) is within noise
+    or `not_tested` names another failed precondition; contradicted when the merge recovers (`merge_recovers`);
+    reproduced when it stays below the base outside the noise; inconclusive otherwise (paired intervals, points)."""
+    why = not_tested or (NOTHING_TO_RECOVER if vl_loss.hi >= 0 else "")
+    if not why and merge_recovers(to_base, to_vl) and to_base.lo <= 0:  # not below the base, above VL outside noise
+        return decide(to_vl, -1, quantity="the change from the VL model (the merge is not below the base)")
+    return decide(to_base, -1, quantity="the merge's strict-format change from the base", not_tested=why)
+
+
+def outcome_counts(outcomes) -> str:
+    """Verdict outcomes in words, in the rule's order: '2 reproduced, 5 not tested'."""
+    from sinklib.stats.verdicts import VERDICTS
+
+    out = list(outcomes)
+    return ", ".join(f"{out.count(v)} {v}" for v in VERDICTS if out.count(v)) or "none"
+
+
+def undecided_reasons(verdicts) -> str:
+    """Chapter 6's merges that `merge_verdict` could not decide, in words: per model, how many of its merges are
+    inconclusive or not tested and why; `verdicts` has columns model, outcome, why (one row per merge)."""
+    from sinklib.stats.verdicts import INCONCLUSIVE, NOT_TESTED
+
+    parts = []
+    for model, g in verdicts.groupby("model", sort=False):
+        open_ = g[g.outcome.isin([INCONCLUSIVE, NOT_TESTED])]
+        parts += [f"{model}: {n} of {len(g)} merges {o} ({w})"
+                  for (o, w), n in open_.groupby(["outcome", "why"], sort=False).size().items()]
+    return "; ".join(parts) or "none: every merge's verdict was decided"
+
+
 def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]], tuple[str, Verdict]]) -> Row:
     """Per model of chapter 6: `test(d, merges)` where d(a, b) is the strict-format change a - b (points) with a
     paired interval when chapter 6 stored per-item outcomes, else with MOVER intervals of Wilson intervals from
@@ -80,12 +122,11 @@ def _merges(res: Results, test: Callable[[Callable[[str, str], Est], list[str]],
             return diff(conds[a], conds[b]) if e is None else e
 
         vl = next(r for r in rows if r["model"] == m and r["condition"] == "vl")
-        e = wilson_pct(vl["VQA (%)"], doc["parameters"]["vqa_n"])
         maj = next(x["majority baseline (%)"] for x in res(CH4)["results"]["vqa"] if x["model"] == m)
         o, v = test(d, [c for c in conds if c.startswith("merge:")])
-        if not e.lo > maj:
-            v = decide(None, not_tested=f"{NO_VQA} (VQA {e.v:.0f} % [{e.lo:.0f}, {e.hi:.0f}] vs majority {maj:.0f} %; "
-                                        f"the test alone: {v.outcome})")
+        no_vqa = vqa_not_learned(vl["VQA (%)"], doc["parameters"]["vqa_n"], maj)
+        if no_vqa:
+            v = decide(None, not_tested=f"{no_vqa[:-1]}; the test alone: {v.outcome})")
         base = next(r for r in rows if r["model"] == m and r["condition"] == "base")
         pw = power_note({k: (n[k.split()[0]], base[k]) for k in strict_metrics()})
         out[m] = (f"{o} (chapter 6's {n['instructions']} + {n['math']}-item strict suites; {pw})", v.outcome, v.why)
@@ -102,8 +143,7 @@ def no_recovery(res):
         ours = f"VL strict-format {est(vl)} pt; below base outside noise: {len(below)} of {len(merged)}"
         return ours, decide(None, counts=(len(below), len(rec), len(merged)), need=1.0,
                             quantity="merges (on the claim's side: below the base outside noise; against: recovers)",
-                            not_tested="precondition failed: the VL loss is within noise (nothing to recover)"
-                            if vl.hi >= 0 else "")
+                            not_tested=NOTHING_TO_RECOVER if vl.hi >= 0 else "")
     return _merges(res, test)
 
 

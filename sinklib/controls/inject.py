@@ -302,6 +302,26 @@ def scores_by_condition(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, dict
     return {c: {f"{s['suite']} {s['metric']}": s["score"] for s in r["scores"]} for c, r in rows.items()}
 
 
+def score_table(rows: Mapping[str, Mapping[str, Any]]):
+    """Chapter 6's injection table: one row per (suite, metric) of chapter 4's main metrics (`MAIN_METRICS`) plus
+    ('sink', 'S'), one column per condition, each cell 'score [lo, hi]' (S to 3 decimals). Only the main metrics:
+    the instruction-level scores (inst_strict, inst_lenient) repeat the prompt-level ones whenever every item
+    carries one instruction, and acc_norm and bits_per_byte restate acc and ppl."""
+    import pandas as pd
+
+    from sinklib.adapt.scores import MAIN_METRICS
+
+    out = {}
+    for cond, r in rows.items():
+        cells = {(s["suite"], s["metric"]): f"{s['score']:.1f} [{s['lo']:.1f}, {s['hi']:.1f}]" for s in r["scores"]}
+        col = {k: cells[k] for k in MAIN_METRICS if k in cells}
+        col[("sink", "S")] = f"{r['S']:.3f}"
+        out[cond] = col
+    frame = pd.DataFrame(out)
+    frame.index = pd.MultiIndex.from_tuples(list(frame.index), names=["suite", "metric"])
+    return frame
+
+
 def injection_key(tag: str, *, model: str, weights: str, eval_n: Mapping[str, int], seed: int, prompts: list[str],
                   K: int, gain_rule: str, calib: int, recovery: Sequence) -> dict:
     """The parameters that identify one evaluated injection condition (hashed by `sinklib.core.cache.key`)."""
