@@ -67,7 +67,7 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
 
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
                   schedule=params.get("schedule", "constant"), callback=snap, callback_every=1, progress=progress,
-                  **vl.lm_method_of(params).params())
+                  phrasing=params.get("phrasing", "question"), **vl.lm_method_of(params).params())
     try:
         if kind == "vl":
             vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],

@@ -56,15 +56,19 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
                 lr_projector_stage2: float | None = vl.RECIPE["lr_projector_stage2"],
                 schedule: str = vl.RECIPE["schedule"], weights: str = "", lm_method: str = "full",
                 lora_rank: int | None = None, lora_alpha: float | None = None,
-                lora_targets: Sequence[str] | None = None) -> dict:
+                lora_targets: Sequence[str] | None = None, phrasing: str = "question") -> dict:
     """The parameters that identify an adapted pair (validated); `weights` is the base weights hash.
 
     Defaults: `sinklib.vl.RECIPE`. `lr_projector_stage2=None` keeps `lr_projector` in stage 2; the
     key always holds the resolved rate. `lm_method='lora'` (`sinklib.vl.lora`) adds the four `vl.LORA_KEYS` with
     their resolved values; the default 'full' adds none, so full fine-tunes keep their cache keys.
+    `phrasing` (`vl.PHRASINGS`) writes the questions of every trained condition and of the held-out VQA items;
+    'field' (no template shared with any evaluation suite, #29) adds the key 'phrasing', the default 'question'
+    adds none, so existing pairs keep their cache keys.
     """
     lr_projector = check_float("lr_projector", lr_projector, 0.0, 1.0)
     method = vl.check_lm_method(lm_method, lora_rank, lora_alpha, lora_targets)
+    phrasing = vl.check_phrasing(phrasing)
     return {
         "model": model, "weights": weights,
         "seed": check_int("seed", seed, 0),
@@ -78,7 +82,13 @@ def pair_params(model: str, *, seed: int = 0, image_size: int = 48, stage1_steps
         else check_float("lr_projector_stage2", lr_projector_stage2, 0.0, 1.0),
         "schedule": check_choice("schedule", schedule, vl.SCHEDULES),
         **method.params(),
+        **({} if phrasing == "question" else {"phrasing": phrasing}),
     }
+
+
+def phrasing_of(params: Mapping[str, Any]) -> str:
+    """The question phrasing of a pair's parameters ('question' when they hold none: every pair made before #29)."""
+    return vl.check_phrasing(params.get("phrasing", "question"))
 
 
 def condition_dir(params: Mapping[str, Any], kind: str) -> Path:
@@ -175,7 +185,7 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
     projector = encoder = None
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
                   schedule=params.get("schedule", "constant"), callback=callback, callback_every=callback_every,
-                  progress=progress, **vl.lm_method_of(params).params())
+                  progress=progress, phrasing=phrasing_of(params), **vl.lm_method_of(params).params())
 
     for kind in ("vl", "text_only", *extra):
         path = condition_dir(params, kind)
@@ -331,7 +341,8 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
             vqa = None
             if vqa_n and not condition.startswith("text") and pair.projector is not None:
                 acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
-                                         vl.heldout_items(vqa_n, seed, pair.params["image_size"]))
+                                         vl.heldout_items(vqa_n, seed, pair.params["image_size"],
+                                                          phrasing_of(pair.params)))
                 vqa = [acc, n]
             return {"scores": evals.results_table(res), "outcomes": outcomes(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
                     "seconds": {k: r.seconds for k, r in res.items()}}
@@ -414,6 +425,8 @@ def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
     own = vl.recipe_for(name)  # a parameter set to vl.FROM_RECIPE takes the model's recipe value
     recipe = {k: own[k] if params[k] == vl.FROM_RECIPE else params[k] for k in keys}
     method = {k: params[k] for k in vl.LORA_KEYS if k in params}  # a chapter without LoRA parameters: 'full'
+    if "phrasing" in params:  # a chapter without the parameter: 'question'
+        method["phrasing"] = params["phrasing"]
     return pair_params(name, weights=weights, **recipe, **method)
 
 

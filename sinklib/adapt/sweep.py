@@ -32,8 +32,10 @@ SUITES = ("knowledge", "perplexity")
 
 
 def stage1_dir(params: Mapping[str, Any]) -> Path:
-    """Checkpoint folder of the projector after stage 1 (the LM unchanged) for the pair `params`."""
-    return cache.checkpoint_dir(cache.key({**{k: params[k] for k in STAGE1_KEYS}, "kind": "vl stage 1"}))
+    """Checkpoint folder of the projector after stage 1 (the LM unchanged) for the pair `params` (a pair in the
+    'field' phrasing adds its 'phrasing': stage 1 trains on its questions too; the default adds nothing)."""
+    keys = STAGE1_KEYS + (("phrasing",) if "phrasing" in params else ())
+    return cache.checkpoint_dir(cache.key({**{k: params[k] for k in keys}, "kind": "vl stage 1"}))
 
 
 def point_params(params: Mapping[str, Any], lr_lm: float, lr_projector_stage2: float | None = None) -> dict:
@@ -51,7 +53,8 @@ def point_dir(params: Mapping[str, Any]) -> Path:
 
 def _common(params: Mapping[str, Any], progress: bool) -> dict:
     return dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
-                schedule=params.get("schedule", "constant"), progress=progress)
+                schedule=params.get("schedule", "constant"), progress=progress,
+                phrasing=params.get("phrasing", "question"))
 
 
 def train_stage1(lm: Any, params: Mapping[str, Any], *, progress: bool = False) -> Path:

@@ -51,7 +51,9 @@ from sinklib.tiny.train import TinyRun, measure
 
 _VERSION = 1
 #: chapter 4's recipe (vl.RECIPE) with the LM's stage-2 rates scaled to a tiny model (see module doc)
-ADAPT_DEFAULTS = {**vl.RECIPE, "lr_lm": 1e-3, "lr_projector_stage2": 1e-3, "seed": 0, "image_size": 48}
+#: phrasing: the VL questions' phrasing (`vl.PHRASINGS`); the default 'question' adds no key to the pair parameters
+ADAPT_DEFAULTS = {**vl.RECIPE, "lr_lm": 1e-3, "lr_projector_stage2": 1e-3, "seed": 0, "image_size": 48,
+                  "phrasing": "question"}
 #: vqa_max_new_tokens: the tiny byte-level BPE spells some answers ('middle') in more than chapter 4's 4 tokens
 ADAPT_EVAL_DEFAULTS = {**EVAL_DEFAULTS, "vqa_n": 200, "vqa_max_new_tokens": 10}
 #: the metrics whose changes go to the panel: (suite, score key, panel metric name 'suite metric')
@@ -113,7 +115,8 @@ def evaluate_condition(lm: Loaded, pair: pairs.Pair, condition: str, *, eval_kwa
             vqa = None
             if ev["vqa_n"] and condition in ("vl", "random") and pair.projector is not None:
                 acc, n = vl.vqa_accuracy(model, lm.tokenizer, pair.encoder, pair.projector,
-                                         vl.heldout_items(ev["vqa_n"], pair.params["seed"], pair.params["image_size"]),
+                                         vl.heldout_items(ev["vqa_n"], pair.params["seed"], pair.params["image_size"],
+                                                          pairs.phrasing_of(pair.params)),
                                          max_new_tokens=ev["vqa_max_new_tokens"])
                 vqa = [acc, n]
         finally:

@@ -4,7 +4,9 @@ The modules, in the order the book uses them:
 
 - `scenes`: deterministic synthetic scenes of 1-4 coloured shapes (circle, square, triangle; red,
   green, blue, yellow) on a 3 x 3 grid with one-word visual question-answer items (count, colour,
-  exists, where) and a text description of the same scene (for the text-only control).
+  exists, where), written as natural questions or as labelled fields (`PHRASINGS`: the 'field' phrasing shares
+  no template with any evaluation suite, #29), and a text description of the same scene (for the text-only
+  control).
 - `model`: a small convolutional vision encoder with *frozen random* weights (NOT pretrained: no
   pretrained vision encoder is available offline; `encoder_probe_accuracy` checks that its patch
   features keep colour, shape and position), the trainable LLaVA-1.5 projector, and the embedded
@@ -33,7 +35,8 @@ from sinklib.vl.model import (PROMPT_PREFIX, load_checkpoint, Batch, FrozenVisio
     make_projector)
 from sinklib.vl.scenes import (ANSWERS, BACKGROUND, COLOURS, COLUMNS, GRID, IMAGE_SIZE, QUESTION_TYPES, ROWS,
     SHAPES, QAItem, Scene, Shape, batch_items, check_image_size, check_qtypes, describe, eval_items, make_items,
-    make_scenes, majority_baseline, render, ANSWER_STYLES, sentence_answer)
+    make_scenes, majority_baseline, render, ANSWER_STYLES, sentence_answer, PHRASINGS, QUESTION_TEMPLATES,
+    check_phrasing)
 from sinklib.vl.train import (FROM_RECIPE, MODEL_RATES, RECIPE, SCHEDULES, VLResult, recipe_for, train_text_only,
     train_vl)
 
@@ -45,5 +48,6 @@ __all__ = [
     "IMAGE_SIZE", "QUESTION_TYPES", "ROWS", "SHAPES", "QAItem", "Scene", "Shape", "batch_items", "check_image_size",
     "check_qtypes", "describe", "eval_items", "make_items", "make_scenes", "majority_baseline", "render", "RECIPE",
     "SCHEDULES", "VLResult", "train_text_only", "train_vl", "FROM_RECIPE", "MODEL_RATES", "recipe_for", "ANSWER_STYLES", "sentence_answer",
-    "LM_METHODS", "LORA_KEYS", "LMMethod", "check_lm_method", "lm_method_of",
+    "LM_METHODS", "LORA_KEYS", "LMMethod", "check_lm_method", "lm_method_of", "PHRASINGS", "QUESTION_TEMPLATES",
+    "check_phrasing",
 ]

@@ -12,8 +12,8 @@ from sinklib.core.anatomy import decoder, head_logits
 from sinklib.errors import ParameterError
 from sinklib.core.params import check_choice, check_int
 from sinklib.vl.model import FrozenVisionEncoder, Projector, _eos_id, _segments, answer_logits, build_batch
-from sinklib.vl.scenes import (ANSWERS, QUESTION_TYPES, QAItem, Scene, check_qtypes, eval_items, majority_baseline,
-    make_items)
+from sinklib.vl.scenes import (ANSWERS, QUESTION_TYPES, QAItem, Scene, check_phrasing, check_qtypes, eval_items,
+    majority_baseline, make_items)
 
 #: held-out VQA items of a run with seed s use eval_items(seed=s + VQA_EVAL_SEED_OFFSET)
 VQA_EVAL_SEED_OFFSET = 10_000
@@ -21,14 +21,16 @@ VQA_EVAL_SEED_OFFSET = 10_000
 VQA_TRACK_SEED_OFFSET = 20_000
 
 
-def heldout_items(n: int, seed: int = 0, image_size: int = 48) -> list[QAItem]:
-    """The held-out VQA questions every condition is scored on (never trained on)."""
-    return eval_items(n, seed=VQA_EVAL_SEED_OFFSET + seed, image_size=image_size)
+def heldout_items(n: int, seed: int = 0, image_size: int = 48, phrasing: str = "question") -> list[QAItem]:
+    """The held-out VQA questions every condition is scored on (never trained on), written in the `phrasing` the
+    condition was trained in (`scenes.PHRASINGS`; the scenes and answers do not depend on it)."""
+    return eval_items(n, seed=VQA_EVAL_SEED_OFFSET + seed, image_size=image_size, phrasing=phrasing)
 
 
-def tracking_items(n: int, seed: int = 0, image_size: int = 48) -> list[QAItem]:
-    """The held-out VQA questions scored along training (a different stream from `heldout_items`)."""
-    return eval_items(n, seed=VQA_TRACK_SEED_OFFSET + seed, image_size=image_size)
+def tracking_items(n: int, seed: int = 0, image_size: int = 48, phrasing: str = "question") -> list[QAItem]:
+    """The held-out VQA questions scored along training (a different stream from `heldout_items`), in the
+    training's `phrasing`."""
+    return eval_items(n, seed=VQA_TRACK_SEED_OFFSET + seed, image_size=image_size, phrasing=phrasing)
 
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -45,12 +47,12 @@ def _mode_of(encoder, projector) -> str:
     return "text" if encoder is None else "vl"
 
 
-def _as_items(scenes_or_items: Sequence, seed: int, qtypes) -> list[QAItem]:
+def _as_items(scenes_or_items: Sequence, seed: int, qtypes, phrasing: str = "question") -> list[QAItem]:
     items = list(scenes_or_items)
     if not items:
         raise ParameterError("parameter 'scenes_or_items' is empty; allowed: scenes or QA items")
     if all(isinstance(x, Scene) for x in items):
-        return make_items(items, seed=seed, qtypes=qtypes)
+        return make_items(items, seed=seed, qtypes=qtypes, phrasing=phrasing)
     if all(isinstance(x, QAItem) for x in items):
         return items
     raise ParameterError("parameter 'scenes_or_items' must hold only Scene or only QAItem objects")
@@ -149,12 +151,14 @@ def vqa_predict(model: nn.Module, tokenizer, encoder: FrozenVisionEncoder | None
 def vqa_accuracy(model: nn.Module, tokenizer, encoder: FrozenVisionEncoder | None, projector: Projector | None,
                  scenes_or_items: Sequence, *, method: str = "greedy", batch_size: int = 32, max_new_tokens: int = 4,
                  seed: int = 0, qtypes: Sequence[str] = QUESTION_TYPES, by_type: bool = False,
-                 progress: bool = False) -> tuple[float, int] | tuple[float, int, dict[str, tuple[float, int]]]:
+                 progress: bool = False,
+                 phrasing: str = "question") -> tuple[float, int] | tuple[float, int, dict[str, tuple[float, int]]]:
     """Exact-match accuracy of `vqa_predict` -> (accuracy, n) [, {qtype: (accuracy, n)} if by_type].
 
-    Scenes are turned into one item each with `make_items(scenes, seed, qtypes=qtypes)`.
+    Scenes are turned into one item each with `make_items(scenes, seed, qtypes=qtypes, phrasing=phrasing)`
+    (items are scored as they are written: pass those of the training's phrasing, e.g. `heldout_items`).
     """
-    items = _as_items(scenes_or_items, seed, check_qtypes(qtypes))
+    items = _as_items(scenes_or_items, seed, check_qtypes(qtypes), check_phrasing(phrasing))
     preds = vqa_predict(model, tokenizer, encoder, projector, items, method=method, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, progress=progress)
     ok = [p == it.answer for p, it in zip(preds, items)]
@@ -175,7 +179,8 @@ MAJORITY_TRAIN_ITEMS = 2000  # items whose most frequent answer per question typ
 def against_majority(accuracy: float, n: int, seed: int, image_size: int) -> dict:
     """Held-out VQA accuracy (a fraction over `n` items of `heldout_items(n, seed, image_size)`) against the blind
     majority answer on the same items: {'vqa', 'vqa_lo', 'vqa_hi' (Wilson 95 %), 'n', 'majority' (all in %),
-    'learned': the interval lies above the majority baseline}. The rule chapters 4 and 7 judge a VL model by."""
+    'learned': the interval lies above the majority baseline}. The rule chapters 4 and 7 judge a VL model by.
+    The same in either phrasing (`scenes.PHRASINGS` change the questions' words, never the scenes or answers)."""
     from sinklib.evals.grading import wilson_interval
 
     n = check_int("n", n, 1)

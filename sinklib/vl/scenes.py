@@ -2,6 +2,21 @@
 `image_size x image_size` RGB pixels, one-word question-answer items (count, colour, exists, where),
 a text description of each scene (the text-only control's input) and the seeded item streams
 (training batches per step, held-out evaluation items).
+
+Each question type can be written in one of two `PHRASINGS`:
+
+- 'question' (the default, and every cached training and result so far): natural questions, "How many shapes
+  are there?", "What colour is the square?", "Is there a red circle?", "Where is the red shape?".
+- 'field': the same four questions as labelled fields without a question mark, "Shape count:", "Colour of the
+  square:", "Presence of a red circle, yes or no:", "Column of the red shape:".
+
+Why two (#29): the collision check by construction (`sinklib.evals.collide`, `sinklib.vl.collisions`) finds
+that the natural questions share templates with the evaluation suites, "how many ...?" with every math item
+(whose strict grader wants "The answer is N.", not the bare number the training teaches) and "is ...?" with
+instruction items. The field phrasing opens every item with a word ('shape', 'colour', 'presence', 'column')
+that opens no evaluation item, so no training template equals an evaluation template at all. Both phrasings
+draw the same scenes and answers from the same seeds (only the question text differs), so the answers, their
+one-word format, the blind majority baseline and the sentence answers (`sentence_answer`) are the same.
 """
 from __future__ import annotations
 
@@ -151,16 +166,36 @@ def _valid_qtypes(scene: Scene) -> list[str]:
     return out
 
 
-def _make_question(scene: Scene, qtype: str, rng: np.random.Generator) -> QAItem:
+#: how a question is written: natural questions (the default) or labelled fields without a question mark, which
+#: share no template with any evaluation suite (#29; see the module docstring)
+PHRASINGS: tuple[str, ...] = ("question", "field")
+#: the text of each question type per phrasing; '{}' is the slot (a kind, 'colour kind', a colour)
+QUESTION_TEMPLATES: dict[str, dict[str, str]] = {
+    "question": {"count": "How many shapes are there?", "colour": "What colour is the {}?",
+                 "exists": "Is there a {}?", "where": "Where is the {} shape?"},
+    "field": {"count": "Shape count:", "colour": "Colour of the {}:",
+              "exists": "Presence of a {}, yes or no:", "where": "Column of the {} shape:"},
+}
+
+
+def check_phrasing(phrasing: Any) -> str:
+    """One of `PHRASINGS` (ParameterError naming them otherwise)."""
+    return check_choice("phrasing", phrasing, PHRASINGS)
+
+
+def _make_question(scene: Scene, qtype: str, rng: np.random.Generator, phrasing: str = "question") -> QAItem:
+    """One item of type `qtype`; the draws from `rng` do not depend on `phrasing` (the same scene, slot and
+    answer in either phrasing)."""
     shapes = scene.shapes
+    tpl = QUESTION_TEMPLATES[check_phrasing(phrasing)]
     if qtype == "count":
-        return QAItem(scene, qtype, "How many shapes are there?", str(len(shapes)))
+        return QAItem(scene, qtype, tpl["count"], str(len(shapes)))
     if qtype == "colour":
         kinds = Counter(s.kind for s in shapes)
         unique = [k for k in SHAPES if kinds.get(k) == 1]
         kind = unique[int(rng.integers(len(unique)))]
         colour = next(s.colour for s in shapes if s.kind == kind)
-        return QAItem(scene, qtype, f"What colour is the {kind}?", colour)
+        return QAItem(scene, qtype, tpl["colour"].format(kind), colour)
     if qtype == "exists":
         present = {(s.colour, s.kind) for s in shapes}
         if rng.random() < 0.5:
@@ -170,13 +205,13 @@ def _make_question(scene: Scene, qtype: str, rng: np.random.Generator) -> QAItem
             pool = [(c, k) for c in COLOURS for k in SHAPES if (c, k) not in present]
             answer = "no"
         colour, kind = pool[int(rng.integers(len(pool)))]
-        return QAItem(scene, qtype, f"Is there a {colour} {kind}?", answer)
+        return QAItem(scene, qtype, tpl["exists"].format(f"{colour} {kind}"), answer)
     if qtype == "where":
         colours = Counter(s.colour for s in shapes)
         unique = [c for c in COLOURS if colours.get(c) == 1]
         colour = unique[int(rng.integers(len(unique)))]
         col = next(s.col for s in shapes if s.colour == colour)
-        return QAItem(scene, qtype, f"Where is the {colour} shape?", COLUMNS[col])
+        return QAItem(scene, qtype, tpl["where"].format(colour), COLUMNS[col])
     raise ParameterError(f"parameter 'qtypes' has {qtype!r}; allowed: {', '.join(QUESTION_TYPES)}")
 
 
@@ -185,28 +220,36 @@ def _make_question(scene: Scene, qtype: str, rng: np.random.Generator) -> QAItem
 ANSWER_STYLES = ("word", "sentence")
 
 
-def _slot(question: str, head: str, tail: str) -> str:
-    """The words between `head` and `tail` of a question written by `_make_question` (an error, not a wrong
-    sentence, when the question does not follow its template)."""
-    if not (question.startswith(head) and question.endswith(tail)):
-        raise ParameterError(f"sentence_answer: {question!r} does not follow the template {head!r}...{tail!r}")
-    return question[len(head):len(question) - len(tail)]
+def _slot(question: str, qtype: str) -> str:
+    """The words in the slot of a question written by `_make_question` in either phrasing ('' for 'count'; an
+    error, not a wrong sentence, when the question follows neither phrasing's template)."""
+    for phrasing in PHRASINGS:
+        tpl = QUESTION_TEMPLATES[phrasing][qtype]
+        if "{}" not in tpl:
+            if question == tpl:
+                return ""
+            continue
+        head, tail = tpl.split("{}")
+        if len(question) > len(head) + len(tail) and question.startswith(head) and question.endswith(tail):
+            return question[len(head):len(question) - len(tail)]
+    allowed = " or ".join(repr(QUESTION_TEMPLATES[p][qtype]) for p in PHRASINGS)
+    raise ParameterError(f"sentence_answer: {question!r} does not follow the template {allowed}")
 
 
 def sentence_answer(item: QAItem) -> str:
     """The item's answer as a full English sentence with the same content, e.g. 'There are 3 shapes.' for
-    'How many shapes are there?' -> '3' (the format-preserving control trains on these)."""
-    q, a = item.question, item.answer
+    'How many shapes are there?' (or 'Shape count:') -> '3' (the format-preserving control trains on these);
+    the same sentence in either of `PHRASINGS`."""
+    if item.qtype not in QUESTION_TYPES:
+        raise ParameterError(f"sentence_answer: unknown question type {item.qtype!r}")
+    slot, a = _slot(item.question, item.qtype), item.answer
     if item.qtype == "count":
         return "There is one shape." if a == "1" else f"There are {a} shapes."
     if item.qtype == "colour":
-        return f"The {_slot(q, 'What colour is the ', '?')} is {a}."
+        return f"The {slot} is {a}."
     if item.qtype == "exists":
-        thing = _slot(q, "Is there a ", "?")
-        return f"Yes, there is a {thing}." if a == "yes" else f"No, there is no {thing}."
-    if item.qtype == "where":
-        return f"The {_slot(q, 'Where is the ', ' shape?')} shape is in the {a} column."
-    raise ParameterError(f"sentence_answer: unknown question type {item.qtype!r}")
+        return f"Yes, there is a {slot}." if a == "yes" else f"No, there is no {slot}."
+    return f"The {slot} shape is in the {a} column."
 
 
 def check_qtypes(qtypes: Sequence[str]) -> tuple[str, ...]:
@@ -221,16 +264,18 @@ def check_qtypes(qtypes: Sequence[str]) -> tuple[str, ...]:
 
 
 def make_items(scenes: Sequence[Scene], seed: int = 0, per_scene: int = 1,
-               qtypes: Sequence[str] = QUESTION_TYPES) -> list[QAItem]:
+               qtypes: Sequence[str] = QUESTION_TYPES, phrasing: str = "question") -> list[QAItem]:
     """Question-answer items for scenes, deterministic for a given seed.
 
     For each scene, `per_scene` distinct question types are drawn uniformly from those in
     `qtypes` that the scene allows ('colour' needs a shape kind that occurs once, 'where' a
     colour that occurs once; 'count' and 'exists' always apply). 'exists' is yes/no 50:50.
+    Questions are written in `phrasing` (one of `PHRASINGS`); the items differ only in that text.
     """
     seed = check_int("seed", seed, 0)
     per_scene = check_int("per_scene", per_scene, 1, len(QUESTION_TYPES))
     qtypes = check_qtypes(qtypes)
+    phrasing = check_phrasing(phrasing)
     rng = np.random.default_rng(seed)
     items = []
     for sc in scenes:
@@ -238,7 +283,7 @@ def make_items(scenes: Sequence[Scene], seed: int = 0, per_scene: int = 1,
         if not valid:  # only when qtypes excludes both count and exists
             continue
         chosen = rng.choice(len(valid), size=min(per_scene, len(valid)), replace=False)
-        items.extend(_make_question(sc, valid[int(i)], rng) for i in chosen)
+        items.extend(_make_question(sc, valid[int(i)], rng, phrasing) for i in chosen)
     return items
 
 
@@ -247,23 +292,26 @@ def _stream_seed(seed: int, tag: str, step: int) -> int:
 
 
 def batch_items(step: int, batch_size: int, seed: int = 0, tag: str = "lm", image_size: int = 48,
-                qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4) -> list[QAItem]:
-    """The training batch of one step: `batch_size` fresh scenes, one question each.
+                qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4,
+                phrasing: str = "question") -> list[QAItem]:
+    """The training batch of one step: `batch_size` fresh scenes, one question each (in `phrasing`).
 
     Deterministic in (seed, tag, step). Stage 2 of `train_vl` and `train_text_only` both use
     tag 'lm', so the two see the same items in the same order; stage 1 uses tag 'projector'.
     """
-    return _draw_items(batch_size, _stream_seed(seed, tag, step), image_size, check_qtypes(qtypes), max_shapes)
+    return _draw_items(batch_size, _stream_seed(seed, tag, step), image_size, check_qtypes(qtypes), max_shapes,
+                       check_phrasing(phrasing))
 
 
-def _draw_items(n: int, s: int, image_size: int, qtypes: tuple[str, ...], max_shapes: int = 4) -> list[QAItem]:
-    """n items, one per scene; scenes that allow none of `qtypes` are skipped and more are drawn."""
+def _draw_items(n: int, s: int, image_size: int, qtypes: tuple[str, ...], max_shapes: int = 4,
+                phrasing: str = "question") -> list[QAItem]:
+    """n items, one per scene, in `phrasing`; scenes that allow none of `qtypes` are skipped and more are drawn."""
     items: list[QAItem] = []
     attempt = 0
     while len(items) < n:
         sub = s if attempt == 0 else _stream_seed(s, "more", attempt)
         scenes = make_scenes(n - len(items), seed=sub, image_size=image_size, max_shapes=max_shapes)
-        items.extend(make_items(scenes, seed=sub, qtypes=qtypes))
+        items.extend(make_items(scenes, seed=sub, qtypes=qtypes, phrasing=phrasing))
         attempt += 1
         if attempt > 1000:
             raise ParameterError(f"parameter 'qtypes' {qtypes} allows almost no scene; include 'count' or 'exists'")
@@ -271,11 +319,11 @@ def _draw_items(n: int, s: int, image_size: int, qtypes: tuple[str, ...], max_sh
 
 
 def eval_items(n: int, seed: int = 0, image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES,
-               max_shapes: int = 4) -> list[QAItem]:
-    """`n` held-out items (tag 'eval': a seed stream that training never uses)."""
+               max_shapes: int = 4, phrasing: str = "question") -> list[QAItem]:
+    """`n` held-out items (tag 'eval': a seed stream that training never uses), questions in `phrasing`."""
     n = check_int("n", n, 1)
     return _draw_items(n, _stream_seed(seed, "eval", 0), check_image_size(image_size), check_qtypes(qtypes),
-                       check_int("max_shapes", max_shapes, 1, GRID * GRID))
+                       check_int("max_shapes", max_shapes, 1, GRID * GRID), check_phrasing(phrasing))
 
 
 def majority_baseline(train_items: Sequence[QAItem], test_items: Sequence[QAItem]) -> float:

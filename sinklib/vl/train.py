@@ -24,8 +24,8 @@ from sinklib.core.params import check_choice, check_float, check_int
 from sinklib.vl import lora
 from sinklib.vl.model import (Batch, FrozenVisionEncoder, Projector, answer_loss, build_batch, make_encoder,
     make_projector)
-from sinklib.vl.scenes import (ANSWER_STYLES, GRID, QUESTION_TYPES, batch_items, check_image_size, check_qtypes,
-    sentence_answer)
+from sinklib.vl.scenes import (ANSWER_STYLES, GRID, QUESTION_TYPES, batch_items, check_image_size, check_phrasing,
+    check_qtypes, sentence_answer)
 
 SCHEDULES = train.SCHEDULES
 # The training recipe of the book's full profile (chapter 4), the one place it is defined: the
@@ -112,23 +112,29 @@ class _Setup:
     callback: Callable | None
     callback_every: int
     progress: bool
+    phrasing: str = "question"
 
     def as_params(self) -> dict:
-        return {"batch_size": self.batch_size, "seed": self.seed, "image_size": self.image_size,
-                "qtypes": list(self.qtypes), "max_shapes": self.max_shapes, "schedule": self.schedule,
-                "warmup_frac": self.warmup_frac, "weight_decay": self.weight_decay,
-                "max_grad_norm": self.max_grad_norm, "optimizer": train.OPTIMIZER}
+        """The settings as a result's parameters; 'phrasing' only when it is not the default 'question' (so the
+        parameters of every run in the default phrasing are unchanged)."""
+        out = {"batch_size": self.batch_size, "seed": self.seed, "image_size": self.image_size,
+               "qtypes": list(self.qtypes), "max_shapes": self.max_shapes, "schedule": self.schedule,
+               "warmup_frac": self.warmup_frac, "weight_decay": self.weight_decay,
+               "max_grad_norm": self.max_grad_norm, "optimizer": train.OPTIMIZER}
+        if self.phrasing != "question":
+            out["phrasing"] = self.phrasing
+        return out
 
 
 def _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay, max_grad_norm,
-           callback, callback_every, progress) -> _Setup:
+           callback, callback_every, progress, phrasing="question") -> _Setup:
     if callback is not None and not callable(callback):
         raise ParameterError(f"parameter 'callback' got {callback!r}; allowed: None or a function (step, model)")
     return _Setup(check_int("batch_size", batch_size, 1), check_int("seed", seed, 0), check_image_size(image_size),
                   check_qtypes(qtypes), check_int("max_shapes", max_shapes, 1, GRID * GRID),
                   check_choice("schedule", schedule, SCHEDULES), check_float("warmup_frac", warmup_frac, 0.0, 1.0),
                   check_float("weight_decay", weight_decay, 0.0), check_float("max_grad_norm", max_grad_norm, 0.0),
-                  callback, check_int("callback_every", callback_every, 0), bool(progress))
+                  callback, check_int("callback_every", callback_every, 0), bool(progress), check_phrasing(phrasing))
 
 
 def _run_stage(model, tokenizer, su: _Setup, *, stage: str, tag: str, mode: str, steps: int,
@@ -137,7 +143,7 @@ def _run_stage(model, tokenizer, su: _Setup, *, stage: str, tag: str, mode: str,
     """One training stage: `steps` AdamW steps on the item stream `tag`; returns seconds."""
     def batches(i: int) -> list:
         return batch_items(i, su.batch_size, seed=su.seed, tag=tag, image_size=su.image_size, qtypes=su.qtypes,
-                           max_shapes=su.max_shapes)
+                           max_shapes=su.max_shapes, phrasing=su.phrasing)
 
     def loss_fn(items: list) -> tuple[torch.Tensor, Batch]:
         answers = [answer_fn(it) for it in items] if answer_fn is not None else None
@@ -157,6 +163,7 @@ def _run_stage(model, tokenizer, su: _Setup, *, stage: str, tag: str, mode: str,
                      after_step=after_step)
 
 
+@train.fixed_threads()  # the encoder and projector are made under it too (#30)
 def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_steps"],
              stage2_steps: int = RECIPE["stage2_steps"], batch_size: int = RECIPE["batch_size"],
              lr_projector: float = RECIPE["lr_projector"], lr_lm: float = RECIPE["lr_lm"],
@@ -167,7 +174,7 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
              projector: Projector | None = None, encoder_kwargs: Mapping[str, Any] | None = None,
              callback: Callable | None = None, callback_every: int = 0, progress: bool = True,
              lm_method: str = "full", lora_rank: int | None = None, lora_alpha: float | None = None,
-             lora_targets: Sequence[str] | None = None) -> VLResult:
+             lora_targets: Sequence[str] | None = None, phrasing: str = "question") -> VLResult:
     """Two-stage LLaVA-style adaptation; trains `model` IN PLACE (snapshot it first with
     `clone_state_dict` if you need the base) and leaves it in eval mode.
 
@@ -177,7 +184,9 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     `lr_projector` as stage 1; the default, like LLaVA-1.5, uses the LM's rate for both), on the stream tagged 'lm'. A fresh AdamW per stage, linear
     warm-up over `warmup_frac` of the stage's steps, then `schedule` ('constant' or 'cosine' to 0);
     gradient norm clipped at `max_grad_norm`. Loss: mean cross-entropy over answer tokens only.
-    Scenes hold 1..`max_shapes` shapes; questions are drawn from `qtypes`.
+    Scenes hold 1..`max_shapes` shapes; questions are drawn from `qtypes` and written in `phrasing` (one of
+    `scenes.PHRASINGS`: 'question', the default, or 'field', labelled fields that share no template with any
+    evaluation suite; `result.params` holds 'phrasing' only when it is not 'question').
 
     `callback(step, model)` (it may also take keyword arguments `stage`, `projector`, `encoder`)
     runs with the model in eval mode at step 0, every `callback_every` steps (global count over
@@ -191,7 +200,7 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     """
     method = lora.check_lm_method(lm_method, lora_rank, lora_alpha, lora_targets)
     su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
-                max_grad_norm, callback, callback_every, progress)
+                max_grad_norm, callback, callback_every, progress, phrasing)
     stage1_steps = check_int("stage1_steps", stage1_steps, 0)
     stage2_steps = check_int("stage2_steps", stage2_steps, 0)
     lr_projector = check_float("lr_projector", lr_projector, 0.0, 1.0)
@@ -265,6 +274,7 @@ def _vl_stages(model, tokenizer, su: _Setup, stage1_steps: int, stage2_steps: in
     return seconds
 
 
+@train.fixed_threads()  # the encoder and projector are made under it too (#30)
 def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_steps"],
                     batch_size: int = RECIPE["batch_size"], lr: float = RECIPE["lr_lm"], seed: int = 0,
                     image_size: int = 48, qtypes: Sequence[str] = QUESTION_TYPES, max_shapes: int = 4,
@@ -272,12 +282,12 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
                     max_grad_norm: float = 1.0, callback: Callable | None = None, callback_every: int = 0,
                     progress: bool = True, answer_style: str = "word", lm_method: str = "full",
                     lora_rank: int | None = None, lora_alpha: float | None = None,
-                    lora_targets: Sequence[str] | None = None) -> VLResult:
+                    lora_targets: Sequence[str] | None = None, phrasing: str = "question") -> VLResult:
     """The matched text-only control; trains `model` IN PLACE and leaves it in eval mode.
 
-    Pass the same values as to `train_vl` (steps = stage2_steps, lr = lr_lm): it then runs
-    stage 2 exactly, the same items in the same order with the same answers, the same AdamW,
-    schedule and clipping on every LM parameter, except that each scene is given as its text
+    Pass the same values as to `train_vl` (steps = stage2_steps, lr = lr_lm, the same `phrasing`): it then
+    runs stage 2 exactly, the same items (questions in the same words) in the same order with the same answers,
+    the same AdamW, schedule and clipping on every LM parameter, except that each scene is given as its text
     description instead of visual tokens (and there is no projector). The supervised answer
     tokens are therefore identical; `result.budget['stage2']` reports steps, examples,
     answer_tokens and positions so the two budgets can be compared.
@@ -286,13 +296,14 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
     full sentence with the same content (`scenes.sentence_answer`), so the fine-tune teaches the content
     without the one-word answer format (its answer-token budget is then larger; the budget says by how much).
 
+
     `lm_method='lora'` (with `lora_rank`, `lora_alpha`, `lora_targets`) trains LoRA adapters instead of the LM's
     weights, as stage 2 of `train_vl` does with the same options and seed (the same initial adapters).
     """
     method = lora.check_lm_method(lm_method, lora_rank, lora_alpha, lora_targets)
     lora.adapter_parameters(model, method)  # a target that matches no layer fails here
     su = _setup(batch_size, seed, image_size, qtypes, max_shapes, schedule, warmup_frac, weight_decay,
-                max_grad_norm, callback, callback_every, progress)
+                max_grad_norm, callback, callback_every, progress, phrasing)
     steps = check_int("steps", steps, 0)
     lr = check_float("lr", lr, 0.0, 1.0)
     answer_style = check_choice("answer_style", answer_style, ANSWER_STYLES)
