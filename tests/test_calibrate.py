@@ -69,6 +69,9 @@ def test_display_and_figure_draw_every_point():
     t = calibrate.table(_res([(5e-5, 60, _ev(40, 40)), (5e-4, 60, _ev(10, 40)), (5e-4, 120, _ev(5, 40))]),
                         seed=0, image_size=48)
     shown = calibrate.display(t)
-    assert len(shown.frame) == 3 and "qualifies" in shown.frame.columns
+    rule, rest = shown
+    assert len(rule.frame) == len(rest.frame) == 3 and "qualifies" in rule.frame.columns and "S" in rest.frame.columns
+    from sinklib import plots
+    assert all(part.width_px() <= plots.COLUMN_PX for part in shown)
     fig = calibrate.figure(t, "m")
     assert len(fig.axes) == 3

@@ -154,21 +154,25 @@ def sentence(t: pd.DataFrame, model: str) -> str:
 
 
 def display(t: pd.DataFrame):
-    """`table` as the chapter shows it (a `plots.Table`)."""
+    """`table` as the chapter shows it: two `plots.Table`s (the rule's columns, then the rest), each fitting the column."""
     from sinklib.plots import Table
 
     rows = [{"stage-2 rate": f"{r.lr_lm:g}", "stage-2 steps": int(r.steps),
              "VQA % [95 %]": f"{r.VQA:.1f} [{r['VQA lo']:.1f}, {r['VQA hi']:.1f}]" if r.VQA == r.VQA else "-",
              "majority %": round(r.majority, 1) if "majority" in r and r.majority == r.majority else "-",
              "learned": "yes" if r.learned else "no",
-             "instructions strict (pt)": _cell(r, PRIMARY), "math strict (pt)": _cell(r, "math strict"),
+             "instr. strict (pt)": _cell(r, PRIMARY), "math strict (pt)": _cell(r, "math strict"),
              "knowledge (pt)": _cell(r, "knowledge acc"),
              "perplexity": _cell(r, "perplexity ppl"), "S": f"{r.S:.3f}",
              "qualifies": "yes" if r.qualifies else "no"} for _, r in t.iterrows()]
-    return Table(pd.DataFrame(rows).set_index(["stage-2 rate", "stage-2 steps"]),
-                 "Calibration sweep: each VL snapshot against the base model on the same items. Changes are "
-                 "paired, in points (perplexity in its own units), with 95 % bootstrap intervals; VQA with its "
-                 "Wilson 95 % interval against the blind majority answer. 'qualifies': " + RULE + ".")
+    frame = pd.DataFrame(rows).set_index(["stage-2 rate", "stage-2 steps"])
+    rule = ["VQA % [95 %]", "majority %", "learned", "instr. strict (pt)", "knowledge (pt)", "qualifies"]
+    return [Table(frame[rule], "Calibration sweep, the rule's columns: each VL snapshot against the base model on the "
+                  "same items (instr.: the instruction suite). Changes are paired, in points, with 95 % bootstrap intervals; VQA with its Wilson "
+                  "95 % interval against the blind majority answer. 'qualifies': " + RULE + "."),
+            Table(frame[[c for c in frame.columns if c not in rule]],
+                  "Calibration sweep, the other measurements of the same snapshots (perplexity in its own units; "
+                  "S of the adapted model).")]
 
 
 def figure(t: pd.DataFrame, model: str):

@@ -6,8 +6,10 @@ loader (20-60 s on a laptop CPU). The de-quantised weights are cached as safeten
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -237,9 +239,11 @@ def _load_embedded(name: str, dev: torch.device, dt: torch.dtype, attn: str) -> 
         source = "cache"
     else:
         path = gguf_path(name)
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                     attn_implementation=attn)
+        # transformers' de-quantisation bar is a raw tqdm on stderr (not its progress-bar setting): kept out of pages
+        with contextlib.redirect_stderr(io.StringIO()):
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                         attn_implementation=attn)
         # the de-quantised weights are plain fp32 tensors: drop the GGUF marker and cache them
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
