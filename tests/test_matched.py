@@ -140,3 +140,29 @@ def test_evaluate_keys_the_take_shares(monkeypatch, tmp_path):
     half = causal.evaluate(lm, {1: [0, 1]}, take={1: {0: 0.5, 1: 0.5}}, **kw)
     assert len(runs) == 3 and half["mean_mass_taken"] < full["mean_mass_taken"]
     assert full["mean_mass_taken"] >= old["mean_mass_taken"] - 1e-9
+
+
+def test_match_plans_matches_on_given_sequences(monkeypatch, tmp_path):
+    """With `seqs` (chapter 8: the suites' own inputs) the search runs on exactly those sequences; the cache key
+    holds them, so other sequences are matched anew; prompts and seqs together, or neither, are refused."""
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    L, H = lm.model.config.num_hidden_layers, lm.model.config.num_attention_heads
+    mass = np.random.default_rng(0).random((L, H))
+    plans = causal.dose_plans(mass, [L - 1], [0.5], controls=("sink", "matched"))
+    seqs = torch.randint(3, 128, (3, 10), generator=torch.Generator().manual_seed(2)).tolist()
+    out = matched.match_plans(lm, None, plans, mass, [L - 1], seqs=seqs)
+    row = next(p for p in out if p["control"] == "matched")
+    top = next(p for p in plans if p["control"] == "matched")["heads"]
+    direct = matched.match_control(lm.model, seqs, mass, [L - 1], top)
+    assert row["match"]["target"] == pytest.approx(direct["target"])
+    assert row["match"]["achieved"] == pytest.approx(direct["achieved"])
+    other = torch.randint(3, 128, (3, 30), generator=torch.Generator().manual_seed(3)).tolist()
+    row2 = next(p for p in matched.match_plans(lm, None, plans, mass, [L - 1], seqs=other) if p["control"] == "matched")
+    assert row2["match"]["target"] != pytest.approx(direct["target"])
+    with pytest.raises(ParameterError, match="not both"):
+        matched.match_plans(lm, ["a prompt"], plans, mass, [L - 1], seqs=seqs)
+    with pytest.raises(ParameterError, match="not both"):
+        matched.match_plans(lm, None, plans, mass, [L - 1])
+    with pytest.raises(ParameterError, match="fewer than 2 tokens"):
+        matched.match_plans(lm, None, plans, mass, [L - 1], seqs=[[5]])

@@ -29,6 +29,7 @@ from sinklib.core.anatomy import pad_batch
 from sinklib.core.cache import cached_json
 from sinklib.core.params import check_float
 from sinklib.core.sink import encode_prompts
+from sinklib.errors import ParameterError
 
 #: |matched - sink| of the removed mass (per query, in units of the dose's k heads) allowed, per model and dose
 TOLERANCE = 0.05
@@ -131,13 +132,24 @@ def match_control(model, seqs: Sequence[Sequence[int]], mass, layers: Sequence[i
             "achieved": achieved, "within": bool(abs(achieved - target) <= tolerance)}
 
 
-def match_plans(lm: Any, prompts: Sequence[str], plans: Sequence[Mapping], mass, layers: Sequence[int], *,
-                max_tokens: int = 64, tolerance: float = TOLERANCE) -> list[dict]:
+def match_plans(lm: Any, prompts: Sequence[str] | None, plans: Sequence[Mapping], mass, layers: Sequence[int], *,
+                max_tokens: int = 64, tolerance: float = TOLERANCE,
+                seqs: Sequence[Sequence[int]] | None = None) -> list[dict]:
     """`sinklib.causal.dose_plans` rows with each `matched` row matched (`match_control`, cached under `causal/`)
-    on `prompts` with `lm` (.model, .tokenizer, .name, .weights_sha256): its heads become the matched set, 'take'
-    the shares and 'match' the search's result."""
+    on `prompts` (encoded, at most `max_tokens` each) or on the token id lists `seqs` (for example the suites'
+    own inputs, `sinklib.evals.inputs.inputs_of`; give one of the two) with `lm` (.model, .tokenizer, .name,
+    .weights_sha256): its heads become the matched set, 'take' the shares and 'match' the search's result."""
     tok = lm.tokenizer
-    seqs = encode_prompts(tok, prompts, max_tokens=max_tokens, min_tokens=3)
+    if (prompts is None) == (seqs is None):
+        raise ParameterError("match_plans needs the prompts or the token sequences (seqs) to match on, not both; "
+                             "for the suites' own inputs pass seqs=sinklib.evals.inputs.inputs_of(lm.tokenizer, "
+                             "eval_n, seed=seed)")
+    if seqs is None:
+        seqs = encode_prompts(tok, prompts, max_tokens=max_tokens, min_tokens=3)
+    seqs = [[int(t) for t in s] for s in seqs]
+    if not seqs or min(map(len, seqs)) < 2:
+        raise ParameterError("match_plans got an empty sequence list or a sequence of fewer than 2 tokens; the "
+                             "matched control needs queries after the first token")
     pad = getattr(tok, "pad_token_id", None) or 0
     out = []
     for p in plans:
