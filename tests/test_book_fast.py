@@ -291,6 +291,36 @@ def test_device_goes_only_to_chapters_that_take_it(tmp_path, monkeypatch):
     assert reproduce.device_params("02_b", None) == {}
 
 
+def test_reproduce_fills_a_chapters_cache_with_workers_before_it_runs(tmp_path, monkeypatch):
+    """Chapter 9's independent trainings run in a pool of worker processes first (on CPU, with 2 or more), then
+    the chapter reads them from the cache; a GPU run, one core or another chapter skips the step."""
+    import importlib
+    import inspect
+    import sys
+    import types
+
+    for name, module in reproduce.PREPARE.items():                      # the real steps name real chapters
+        mod = importlib.import_module(module)
+        assert (ROOT / "notebooks" / f"{name}.ipynb").exists() and callable(mod.chapter_params)
+        assert {"jobs", "log"} <= set(inspect.signature(mod.prepare).parameters)
+    calls = []
+    fake = types.SimpleNamespace(chapter_params=lambda profile: {"profile": profile},
+                                 prepare=lambda p, jobs, log: calls.append(("prepare", p["profile"], jobs)))
+    monkeypatch.setitem(sys.modules, "fake_prep", fake)
+    monkeypatch.setattr(reproduce, "PREPARE", {"09_x": "fake_prep"})
+    monkeypatch.setattr(reproduce, "fingerprint", lambda *a: "fp")
+    monkeypatch.setattr(runner, "execute", lambda name, profile, params=None: calls.append(("execute", name)) or 5.0)
+    monkeypatch.setenv("SINKBOOK_JOBS", "2")
+    order, state = ["01_y", "09_x"], {"profile": "quick", "done": {}}
+    failed = reproduce._each_chapter(order, order, "quick", None, state, tmp_path / "state.json",
+                                     dict.fromkeys(order, 1.0), {}, tmp_path / "p.json")
+    assert failed is None
+    assert calls == [("execute", "01_y"), ("prepare", "quick", 2), ("execute", "09_x")]
+    assert reproduce.prepare("09_x", "full", "cuda") is None and reproduce.prepare("09_x", "full", None, jobs=1) is None
+    assert reproduce.prepare("01_y", "full", None, jobs=4) is None and len(calls) == 3
+    monkeypatch.setenv("SINKBOOK_JOBS", "3")
+    assert reproduce.prepare_jobs(None) == 3 and reproduce.prepare_jobs("cpu") == 3 and reproduce.prepare_jobs("auto") == 0
+
 def test_makefile_book_reruns_only_stale_chapters():
     make = (ROOT / "Makefile").read_text()
     notebooks = make.split("\nnotebooks:")[1].split("\n\n")[0]
