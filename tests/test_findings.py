@@ -157,3 +157,26 @@ def test_s_by_norm_names_every_model_with_its_qk_norm(monkeypatch):
            "07_controlled_panel": ch7}
     _fake(monkeypatch, old)
     assert "The per-head QK-norm model has the lower S" in findings.s_by_norm(Results())
+
+
+def _ch10(instr, lo, hi):
+    pt = {"lr_lm": 5e-5, "steps": 60, "VQA": 64.0, "majority": 38.0, "instructions strict": instr,
+          "instructions strict lo": lo, "instructions strict hi": hi, "knowledge acc": 5.0, "knowledge acc lo": 2.0,
+          "knowledge acc hi": 8.0, "math strict": 1.0, "math strict lo": -5.0, "math strict hi": 8.0}
+    other = {**pt, "lr_lm": 5e-4, "instructions strict": -40.0}
+    power = [{"suite": "m: instructions strict", "items": 360, "paired, flip 0.05": 6.5}]
+    return {"results": {"recipe": {"m": {"lr_lm": 5e-5, "stage2_steps": 60}}, "sweep": {"m": [other, pt]}, "power": power}}
+
+
+def test_powered_dose_reads_the_frozen_recipes_point_beside_both_suites_power(monkeypatch):
+    """The bottom line qualifies chapter 4's null with chapter 10's powered suite: the frozen recipe's own point
+    (not another point of the sweep), both suites' smallest detectable falls, and nothing without chapter 10."""
+    ch4 = {"results": {"power": [{"suite": "m: instructions strict", "items": 72, "paired, flip 0.05": 18.0}]}}
+    _fake(monkeypatch, {"10_calibration": _ch10(-5.6, -9.4, -1.7), "04_vl_adaptation": ch4})
+    s = findings.powered_dose(Results())
+    assert "360-prompt" in s and "−5.6 [−9.4, −1.7]" in s and "−40" not in s and "6.5 points" in s
+    assert "72-prompt instruction suite can see only falls of 18.0" in s and "+1.0 [−5.0, +8.0]" in s
+    _fake(monkeypatch, {"10_calibration": _ch10(-5.6, -9.4, -1.7)})
+    assert "360-prompt" in findings.powered_dose(Results()) and "72-prompt" not in findings.powered_dose(Results())
+    _fake(monkeypatch, {"04_vl_adaptation": ch4})
+    assert findings._safe(findings.powered_dose, Results()) == ""
