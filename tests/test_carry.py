@@ -1,0 +1,95 @@
+"""sinklib.book.carry: the cache's small, complete entries go out to a folder with a checksum manifest and come
+back into another machine's cache, never half an entry, never over what is there."""
+import json
+import os
+import time
+
+import pytest
+
+from sinklib.book import carry
+from sinklib.errors import ParameterError
+
+K = ["0123456789abcdef", "fedcba9876543210", "00000000000000aa", "1111111111111111", "2222222222222222"]
+
+
+def _write(path, data: bytes, age: float = 3600.0):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    t = time.time() - age
+    os.utime(path, (t, t))
+
+
+@pytest.fixture()
+def cache(tmp_path):
+    c = tmp_path / "cache"
+    _write(c / "evals" / f"{K[0]}.json", b'{"score": 1}')
+    _write(c / "backcopy" / f"{K[1]}.json", b'{"S": -1}')
+    _write(c / "backcopy" / f"{K[1]}.pt", b"weights")
+    _write(c / "backcopy" / f"{K[2]}.pt", b"half-written weights, no record yet")
+    _write(c / "backcopy" / f"{K[3]}.json", b"{}", age=1.0)                      # just written
+    _write(c / "vl" / K[3] / "meta.json", b"{}")
+    _write(c / "vl" / K[3] / "model.safetensors", b"x" * (2 * 2**20))        # too large at max_mb=1
+    _write(c / "tiny" / "models" / K[4] / "meta.json", b"{}")
+    _write(c / "tiny" / "models" / K[4] / "model.safetensors", b"small")
+    _write(c / "tiny" / "adapt_evals" / f"{K[0]}.json", b"[1]")
+    _write(c / "tiny" / "adapt_evals" / f"{K[1]}.json.tmp", b"[")
+    _write(c / "models" / "smollm2" / "model.safetensors", b"big weights")
+    return c
+
+
+def _rel(c, entries):
+    return sorted(sorted(p.relative_to(c).as_posix() for p in e) for e in entries)
+
+
+def test_export_carries_complete_small_entries_only(cache, tmp_path):
+    keep, big, busy = carry.plan_export(cache, max_mb=1)
+    assert _rel(cache, keep) == [[f"backcopy/{K[1]}.json", f"backcopy/{K[1]}.pt"], [f"evals/{K[0]}.json"],
+                                 [f"tiny/adapt_evals/{K[0]}.json"],
+                                 [f"tiny/models/{K[4]}/meta.json", f"tiny/models/{K[4]}/model.safetensors"]]
+    assert _rel(cache, big) == [[f"vl/{K[3]}/meta.json", f"vl/{K[3]}/model.safetensors"]]   # the checkpoint as one
+    assert _rel(cache, busy) == [[f"backcopy/{K[2]}.pt"], [f"backcopy/{K[3]}.json"], [f"tiny/adapt_evals/{K[1]}.json.tmp"]]
+    dest = tmp_path / "out"
+    out = carry.export(dest, cache, max_mb=1)
+    assert out["copied files"] == 6 and out["left out, too large"] == 1 and out["left out, incomplete"] == 3
+    files = json.loads((dest / carry.MANIFEST).read_text())["files"]
+    assert sorted(files) == sorted(x for e in _rel(cache, keep) for x in e) and not (dest / "models").exists()
+    assert carry.export(dest, cache, max_mb=1)["copied files"] == 0                  # nothing new, nothing copied
+    _write(cache / "evals" / f"{K[1]}.json", b"{}")
+    assert carry.export(dest, cache, max_mb=1)["copied files"] == 1
+
+
+def test_import_fills_what_is_missing_and_never_overwrites(cache, tmp_path):
+    dest = tmp_path / "out"
+    carry.export(dest, cache, max_mb=1)
+    other = tmp_path / "other"
+    _write(other / "backcopy" / f"{K[1]}.json", b'{"S": 99}')                     # the same key, other content
+    out = carry.import_(dest, other)
+    assert out["conflicts (left as they were)"] == [f"backcopy/{K[1]}.json"]
+    assert (other / "backcopy" / f"{K[1]}.json").read_bytes() == b'{"S": 99}'
+    assert not (other / "backcopy" / f"{K[1]}.pt").exists()                         # never half an entry
+    assert (other / "evals" / f"{K[0]}.json").read_bytes() == b'{"score": 1}'
+    assert (other / "tiny" / "models" / K[4] / "model.safetensors").read_bytes() == b"small"
+    assert out["copied files"] == 4 and carry.import_(dest, other)["copied files"] == 0
+
+
+def test_a_damaged_export_is_refused_with_the_file_named(cache, tmp_path):
+    dest = tmp_path / "out"
+    carry.export(dest, cache, max_mb=1)
+    (dest / "evals" / f"{K[0]}.json").write_bytes(b"changed")
+    with pytest.raises(ParameterError, match=f"evals/{K[0]}.json"):
+        carry.import_(dest, tmp_path / "other")
+    with pytest.raises(ParameterError, match="not a folder written by"):
+        carry.import_(tmp_path, tmp_path / "other")
+    with pytest.raises(ParameterError, match="has no folder"):
+        carry.plan_export(cache, ["nope"])
+
+
+def test_command_line(cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(cache))
+    assert carry.main(["export", str(tmp_path / "out"), "--max-mb", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["copied files"] == 6
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path / "fresh"))
+    assert carry.main(["import", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "fresh" / "evals" / f"{K[0]}.json").exists()
+    assert carry.main(["export", str(tmp_path / "x"), "--folders", "nope"]) == 2
+    assert "has no folder" in capsys.readouterr().err
