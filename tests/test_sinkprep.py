@@ -38,6 +38,7 @@ def test_the_plan_covers_every_model_of_the_chapter_once():
     grid = sp.model_grid(p["variants"], p["settings"], p["seeds"], {**common, "steps": p["panel_steps"]},
                          p["replicate_settings"])
     panel = {str(bt._key(g["params"])) for g in grid}
+    assert len(grid) >= 18 and len(panel) == len(grid)                    # #28: at least 18 distinct base models
     assert panel <= set(keys)
     assert all(j["causal"] and j["adapts"] for j in jobs if str(bt._key(j["params"])) in panel)
     steps = [j["params"]["steps"] for j in jobs]
