@@ -308,3 +308,17 @@ def test_metrics_sentence_explains_where_s_and_sink03_disagree(monkeypatch):
     s = sp.metrics_sentence([{"name": "a", "params": {"m": "a"}}, {"name": "b", "params": {"m": "b"}}])
     assert "a: head masses 0.320, 0.001" in s and "b:" not in s          # b's S rose by 3.2: they agree
     assert sp.metrics_sentence([{"name": "b", "params": {"m": "b"}}]).startswith("S and Sink_0.3 agree")
+
+
+def test_seed_sentence_measures_s_between_seeds_of_one_setting():
+    import pandas as pd
+
+    base = pd.DataFrame([
+        {"variant": "none", "setting": "base", "seed": 1, "S": -0.9}, {"variant": "none", "setting": "base", "seed": 0, "S": -0.7},
+        {"variant": "per_head", "setting": "base", "seed": 0, "S": -2.0}, {"variant": "per_head", "setting": "base", "seed": 1, "S": -1.2},
+        {"variant": "per_head", "setting": "lr:0.004", "seed": 0, "S": -3.0},                       # one seed only
+    ])
+    s = sp.seed_sentence(base)
+    assert "over the 2 settings trained with two seeds" in s and "0.20-0.80 in size (median 0.50)" in s
+    assert "1 of 2 lie within 0.5, beyond it: per_head at base (+0.80)" in s
+    assert sp.seed_sentence(base[base.setting != "base"]) == "no setting was trained with a second seed"

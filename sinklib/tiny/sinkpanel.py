@@ -7,6 +7,7 @@ papermill can parse the notebook's parameters cell).
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -397,6 +398,21 @@ def metrics_sentence(grid: Sequence[Mapping]) -> str:
         return "S and Sink_0.3 agree on every panel model"
     return ("S and Sink_0.3 disagree where one head crosses 0.3 and another attends to the first token almost "
             "never, since S averages the heads' log-odds and Sink_0.3 counts heads: " + "; ".join(out))
+
+
+def seed_sentence(base: pd.DataFrame, within: float = 0.5) -> str:
+    """How far S moves with the training seed alone: for every (variant, setting) trained with more than one seed,
+    S of each later seed minus S of the first, in words; the pairs beyond `within` are named."""
+    pairs = [(v, s, float(r.S - g.iloc[0].S)) for (v, s), g in base.sort_values("seed").groupby(
+        ["variant", "setting"], sort=False) for _, r in g.iloc[1:].iterrows()]
+    if not pairs:
+        return "no setting was trained with a second seed"
+    d = sorted(abs(x) for *_, x in pairs)
+    far = [f"{v} at {s} ({x:+.2f})" for v, s, x in pairs if abs(x) > within]
+    return (f"over the {len(pairs)} settings trained with two seeds, S of the second seed minus the first's ranges "
+            f"over {d[0]:.2f}-{d[-1]:.2f} in size (median {statistics.median(d):.2f}); "
+            f"{len(pairs) - len(far)} of {len(pairs)} lie within {within:g}"
+            + (f", beyond it: {', '.join(far)}" if far else ""))
 
 
 def band_sentence(base: pd.DataFrame, col: str, lo: float = 20.0, hi: float = 95.0) -> str:
