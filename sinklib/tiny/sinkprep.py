@@ -2,10 +2,12 @@
 causal check, and the recipe tries, each computed exactly as the chapter computes it (the same parameters, so the
 same cache keys), two or more at a time with one torch thread each.
 
-On the 2-core machine the chapter trains one model after another on one thread (about 3.5 hours from an empty
-cache); ``python -m sinklib.tiny.sinkprep --profile full --jobs 2`` fills the same cache in about half the wall time,
-after which the chapter reads everything from the cache. The results are the same either way: a training run's
-numbers do not depend on which process ran it (one thread each; ``tests/test_sinkprep.py``).
+On the 2-core machine the chapter trains one model after another on one thread (4-5 hours from an empty cache:
+the 18 panel models' trainings alone add up to about 3.5 hours of one thread); ``python -m sinklib.tiny.sinkprep
+--profile full --jobs 2`` fills the same cache in about half the wall time, after which the chapter reads
+everything from the cache. On one machine the results are the same either way: a training run's numbers do not
+depend on which process ran it (one thread each; ``tests/test_sinkprep.py``). On another machine they can
+differ, and the adapted models more than the base models (chapter 9 says by how much).
 """
 from __future__ import annotations
 
