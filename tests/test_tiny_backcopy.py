@@ -322,3 +322,10 @@ def test_seed_sentence_measures_s_between_seeds_of_one_setting():
     assert "over the 2 settings trained with two seeds" in s and "0.20-0.80 in size (median 0.50)" in s
     assert "1 of 2 lie within 0.5, beyond it: per_head at base (+0.80)" in s
     assert sp.seed_sentence(base[base.setting != "base"]) == "no setting was trained with a second seed"
+
+
+def test_test_sentence_never_shows_equal_rounded_errors_as_better():
+    t = {"rho": 0.3, "n": 18, "p": 0.2, "lo": -0.1, "hi": 0.6, "lopo_mae": 1.2549, "const_mae": 1.2801}
+    s = sp.test_sentence(t, "not tested")
+    assert "error 1.25 points against 1.28 for the constant (better)" in s
+    assert "error 13.3 points against 13.7" in sp.test_sentence({**t, "lopo_mae": 13.31, "const_mae": 13.7}, "x")

@@ -438,7 +438,8 @@ def test_sentence(t: Mapping, verdict: str) -> str:
     lopo = ""
     if "lopo_mae" in t:
         better = "better" if t["lopo_mae"] < t["const_mae"] else "no better"
-        lopo = (f"; leave-one-model-out error {t['lopo_mae']:.1f} points against {t['const_mae']:.1f} for the "
+        nd = next((d for d in (1, 2, 3) if f"{t['lopo_mae']:.{d}f}" != f"{t['const_mae']:.{d}f}"), 3)  # never "1.3 against 1.3 (better)"
+        lopo = (f"; leave-one-model-out error {t['lopo_mae']:.{nd}f} points against {t['const_mae']:.{nd}f} for the "
                 f"constant ({better})")
     arch = ""
     if t.get("within_p") is not None and np.isfinite(t["within_p"]):
