@@ -16,7 +16,7 @@ def _sink_panel(res) -> tuple[dict, str, str]:
     base = r.get("base") or []
     n_sink = sum(b.get("holds_from") is not None for b in base)
     text = f"{n_sink} of {len(base)} panel models have a sink by chapter 9's rule."
-    failed = "" if base and n_sink >= len(base) / 2 else f"precondition failed: only {text[:-1]}"
+    failed = "" if base and n_sink >= len(base) / 2 else "precondition failed: fewer than half of them have a sink"
     if not failed and str(r.get("verdicts", {}).get("rule loss", "")).startswith("not tested"):
         failed = "precondition failed: fewer than half of the VL models learned the image task"
     return r, text, failed

@@ -355,7 +355,7 @@ def pilot_sentence(table: pd.DataFrame) -> str:
     if formed.empty:
         return "no try formed the sink in any variant"
     part = "; ".join(f"the {r['variant']} variant under try '{r['try']}'" for _, r in formed.iterrows())
-    return f"no try formed the sink in every variant; it formed only in: {part}"
+    return f"no try formed the sink in every variant; it formed only in {part}"
 
 
 def spread_table(base: pd.DataFrame) -> pd.DataFrame:
@@ -393,7 +393,7 @@ def metrics_sentence(grid: Sequence[Mapping]) -> str:
         if f["sink03"] >= bt.RULE["sink03"] and f["S"] - s0 < bt.RULE["s_rise"]:
             heads = ", ".join(f"{m:.3f}" for layer in f["mass"] for m in layer)
             out.append(f"{g['name']}: head masses {heads}, so Sink_0.3 = {f['sink03']:.2f} while S = {f['S']:.2f} "
-                       f"(a rise of {f['S'] - s0:+.2f})")
+                       f"({'a rise' if f['S'] >= s0 else 'a fall'} of {abs(f['S'] - s0):.2f} from initialisation)")
     if not out:
         return "S and Sink_0.3 agree on every panel model"
     return ("S and Sink_0.3 disagree where one head crosses 0.3 and another attends to the first token almost "
@@ -409,7 +409,7 @@ def seed_sentence(base: pd.DataFrame, within: float = 0.5) -> str:
         return "no setting was trained with a second seed"
     d = sorted(abs(x) for *_, x in pairs)
     far = [f"{v} at {s} ({x:+.2f})" for v, s, x in pairs if abs(x) > within]
-    return (f"over the {len(pairs)} settings trained with two seeds, S of the second seed minus the first's ranges "
+    return (f"over the {len(pairs)} variant-setting cells trained with two seeds, S of the second seed minus the first's ranges "
             f"over {d[0]:.2f}-{d[-1]:.2f} in size (median {statistics.median(d):.2f}); "
             f"{len(pairs) - len(far)} of {len(pairs)} lie within {within:g}"
             + (f", beyond it: {', '.join(far)}" if far else ""))
@@ -432,12 +432,14 @@ def condition_summary(adapted: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_sentence(t: Mapping, verdict: str) -> str:
-    """rho, p, interval, LOPO and the architecture test of ``claim_test`` in words."""
+    """rho, p, interval, LOPO and the architecture test of ``claim_test`` in words; a leave-one-out error within
+    5 % of the constant's reads "about the same", never "better"."""
     if "error" in t or "rho" not in t:
         return f"{verdict}: not computable on this panel ({t.get('error', 'no statistics')})"
     lopo = ""
     if "lopo_mae" in t:
-        better = "better" if t["lopo_mae"] < t["const_mae"] else "no better"
+        better = ("about the same" if abs(t["lopo_mae"] - t["const_mae"]) < 0.05 * t["const_mae"]
+                  else "better" if t["lopo_mae"] < t["const_mae"] else "worse")
         nd = next((d for d in (1, 2, 3) if f"{t['lopo_mae']:.{d}f}" != f"{t['const_mae']:.{d}f}"), 3)  # never "1.3 against 1.3 (better)"
         lopo = (f"; leave-one-model-out error {t['lopo_mae']:.{nd}f} points against {t['const_mae']:.{nd}f} for the "
                 f"constant ({better})")
