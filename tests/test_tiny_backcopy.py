@@ -333,3 +333,13 @@ def test_test_sentence_never_shows_equal_rounded_errors_as_better():
     assert "error 12.0 points against 13.7 for the constant (better)" in sp.test_sentence(
         {**t, "lopo_mae": 12.0, "const_mae": 13.7}, "x")
     assert "(worse)" in sp.test_sentence({**t, "lopo_mae": 38.9, "const_mae": 37.0 * 0.9}, "x")
+
+
+def test_protect_sentence_orders_the_variants_and_counts_positive_losses():
+    import pandas as pd
+
+    df = pd.DataFrame({"qk_norm": ["none", "none", "per_head", "layerwise"], "rule loss": [4.0, -2.0, -9.0, 3.0]})
+    s = sp.protect_sentence(df, "rule loss")
+    assert "smallest first: per_head -9.0, none +1.0, layerwise +3.0 points" in s
+    assert "per-head QK-norm has the smallest loss; the loss is positive in 2 of 4 models" in s
+    assert "does not have" in sp.protect_sentence(df.assign(**{"rule loss": [1.0, 1.0, 5.0, 0.0]}), "rule loss")

@@ -468,8 +468,10 @@ def protect_sentence(df: pd.DataFrame, col: str = RULE_TASK) -> str:
     m = df.groupby("qk_norm", sort=False)[col].mean().sort_values()
     order = ", ".join(f"{k} {v:+.1f}" for k, v in m.items())
     held = m.index[0] == "per_head"
-    return (f"mean {col} by variant, smallest first: {order} points; per-head QK-norm "
-            f"{'has' if held else 'does not have'} the smallest loss")
+    lost = int((df[col] > 0).sum())
+    return (f"mean {col} by variant, smallest first: {order} points (a negative loss: the model kept more than "
+            f"its reference); per-head QK-norm {'has' if held else 'does not have'} the smallest loss; the loss is "
+            f"positive in {lost} of {len(df)} models")
 
 
 def conditions_sentence(adapted: pd.DataFrame) -> str:
