@@ -75,3 +75,39 @@ def test_display_and_figure_draw_every_point():
     assert all(part.width_px() <= plots.COLUMN_PX for part in shown)
     fig = calibrate.figure(t, "m")
     assert len(fig.axes) == 3
+
+
+def test_lora_series_pairs_with_the_full_fine_tunes_base_evaluation(monkeypatch):
+    """Section 10.4: the base model's evaluation is keyed without the LoRA keys, so the LoRA sweep reads the
+    full sweep's cached base evaluation; a full fine-tune's parameters are unchanged."""
+    from sinklib import vl
+    from sinklib.adapt import dose, pairs
+
+    full = pairs.pair_params("smollm2-135m", stage2_steps=120, lr_lm=5e-5, weights="w")
+    lora = pairs.pair_params("smollm2-135m", stage2_steps=120, lr_lm=5e-5, weights="w", lm_method="lora")
+    assert set(lora) - set(full) == set(vl.LORA_KEYS)
+    assert calibrate.base_params(full) == full == calibrate.base_params(lora)
+    seen = []
+    monkeypatch.setattr(vl, "clone_state_dict", lambda m: {})
+    monkeypatch.setattr(pairs, "evaluate_condition", lambda lm, pair, cond, **kw: seen.append((cond, pair.params)) or {})
+    monkeypatch.setattr(dose, "train_series", lambda *a, **k: None)
+    monkeypatch.setattr(dose, "evaluate_series", lambda lm, pair, kind, steps, **kw: {s: {"p": pair.params} for s in steps})
+    out = calibrate.run(type("LM", (), {"model": None})(), lora, [2e-3], [60, 120], eval_n={}, seed=0, prompts=[],
+                        sink_kwargs={}, vqa_n=1)
+    assert seen == [("base", full)]
+    assert [p["steps"] for p in out["points"]] == [60, 120]
+    assert all(p["eval"]["p"]["lm_method"] == "lora" and p["eval"]["p"]["lr_lm"] == 2e-3 for p in out["points"])
+
+
+def test_method_check_says_whether_the_verdict_changed():
+    full = calibrate.table(_res([(5e-5, 60, _ev(10, 40)), (5e-4, 60, _ev(40, 40))]), seed=0, image_size=48)
+    lora_same = calibrate.table(_res([(5e-4, 60, _ev(40, 40)), (2e-3, 60, _ev(12, 40))]), seed=0, image_size=48)
+    lora_none = calibrate.table(_res([(5e-4, 60, _ev(40, 40)), (2e-3, 60, _ev(12, 5))]), seed=0, image_size=48)
+    s = calibrate.method_check(full, lora_same, "m", "LoRA rank 16")
+    assert "with the full fine-tune a point qualified (1 of 2)" in s and "does not change" in s
+    assert "LoRA recipe frozen for a model too large for a full fine-tune is rate 0.002 for 60" in s
+    s = calibrate.method_check(full, lora_none, "m", "LoRA rank 16")
+    assert "with LoRA rank 16 no point qualified (0 of 2)" in s and "changes this model's verdict" in s
+    assert "recipe" not in s
+    rule, _ = calibrate.display(lora_same, "LoRA sweep")
+    assert rule.legend.startswith("LoRA sweep, the rule's columns")

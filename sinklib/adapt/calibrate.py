@@ -13,6 +13,10 @@ A point *qualifies* (`RULE`, stated in the chapter before the run) when
 The recipe frozen for the panel is the qualifying point with the least training (fewest stage-2 steps, then
 the lowest rate); with no qualifying point that is the finding, and `choose` returns None.
 
+Section 10.4 repeats the sweep with the LM trained through LoRA adapters (`sinklib.vl.lora`), the method a
+model too large for a full fine-tune must use, paired with the same evaluation of the base model (`base_params`),
+and `method_check` says whether the method changes the model's verdict.
+
 Every training and evaluation is cached: the snapshots by the pair parameters and the step, the evaluations by
 their key with `KEY_EXTRA`, so no evaluation of chapter 4's pairs is touched.
 """
@@ -47,6 +51,14 @@ def point_params(params: Mapping[str, Any], lr_lm: float, stage2_steps: int) -> 
             "stage2_steps": check_int("stage2_steps", stage2_steps, 1, 10**6)}
 
 
+def base_params(params: Mapping[str, Any]) -> dict:
+    """The pair parameters that key the base model's evaluation: `params` without the LoRA keys, so a LoRA
+    series (section 10.4) is paired with the same cached evaluation of the base model as the full fine-tune."""
+    from sinklib.vl import LORA_KEYS
+
+    return {k: v for k, v in params.items() if k not in LORA_KEYS}
+
+
 def check_grid(lrs: Sequence[float], steps: Sequence[int]) -> tuple[list[float], list[int]]:
     """Sorted distinct rates and steps; a clear error when either is empty."""
     if not lrs or not steps:
@@ -70,7 +82,7 @@ def run(lm: Any, params: Mapping[str, Any], lrs: Sequence[float], steps: Sequenc
     kw = dict(eval_n=dict(eval_n), seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
               eval_batch_size=eval_batch_size, key_extra=KEY_EXTRA)
     base_state = vl.clone_state_dict(lm.model)
-    base_pair = Pair(params=dict(params), states={"base": base_state}, projector=None, encoder=None)
+    base_pair = Pair(params=base_params(params), states={"base": base_state}, projector=None, encoder=None)
     out: dict = {"base": evaluate_condition(lm, base_pair, "base", **kw), "points": []}
     for lr in lrs:
         pp = point_params(params, lr, steps[-1])
@@ -153,8 +165,25 @@ def sentence(t: pd.DataFrame, model: str) -> str:
     return "; ".join(parts) + "."
 
 
-def display(t: pd.DataFrame):
-    """`table` as the chapter shows it: two `plots.Table`s (the rule's columns, then the rest), each fitting the column."""
+def method_check(full: pd.DataFrame, lora: pd.DataFrame, model: str, method: str) -> str:
+    """Section 10.4 in words: does training the LM through LoRA adapters (`method`, for example 'LoRA rank 16')
+    instead of every weight change the model's verdict under `RULE` (some point of the grid qualifies, or none
+    does)? With the LoRA recipe that a model too large for a full fine-tune would use."""
+    verdict = lambda t: choose(t) is not None  # noqa: E731
+    said = lambda t: ("a point qualified" if verdict(t) else "no point qualified")  # noqa: E731
+    c = choose(lora)
+    same = verdict(full) == verdict(lora)
+    recipe = ("" if c is None else
+              f"; the LoRA recipe frozen for a model too large for a full fine-tune is rate {c['lr_lm']:g} for "
+              f"{c['stage2_steps']} stage-2 steps")
+    return (f"{model}: with the full fine-tune {said(full)} ({int(full.qualifies.sum())} of {len(full)}), with "
+            f"{method} {said(lora)} ({int(lora.qualifies.sum())} of {len(lora)}), so the method "
+            f"{'does not change' if same else 'changes'} this model's verdict{recipe}.")
+
+
+def display(t: pd.DataFrame, what: str = "Calibration sweep"):
+    """`table` as the chapter shows it: two `plots.Table`s (the rule's columns, then the rest), each fitting the
+    column; `what` opens both captions (for example the LoRA sweep of section 10.4)."""
     from sinklib.plots import Table
 
     rows = [{"stage-2 rate": f"{r.lr_lm:g}", "stage-2 steps": int(r.steps),
@@ -167,11 +196,11 @@ def display(t: pd.DataFrame):
              "qualifies": "yes" if r.qualifies else "no"} for _, r in t.iterrows()]
     frame = pd.DataFrame(rows).set_index(["stage-2 rate", "stage-2 steps"])
     rule = ["VQA % [95 %]", "majority %", "learned", "instr. strict (pt)", "knowledge (pt)", "qualifies"]
-    return [Table(frame[rule], "Calibration sweep, the rule's columns: each VL snapshot against the base model on the "
+    return [Table(frame[rule], f"{what}, the rule's columns: each VL snapshot against the base model on the "
                   "same items (instr.: the instruction suite). Changes are paired, in points, with 95 % bootstrap intervals; VQA with its Wilson "
                   "95 % interval against the blind majority answer. 'qualifies': " + RULE + "."),
             Table(frame[[c for c in frame.columns if c not in rule]],
-                  "Calibration sweep, the other measurements of the same snapshots (perplexity in its own units; "
+                  f"{what}, the other measurements of the same snapshots (perplexity in its own units; "
                   "S of the adapted model).")]
 
 
@@ -209,6 +238,7 @@ def _params():
     return {**MODEL_PARAMS, "seed": integer(0), "image_size": lambda _, v: vl.check_image_size(v),
             "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
             "schedule": choice(vl.SCHEDULES), "lrs": list_of(number(1e-9, 1.0)), "steps": list_of(integer(1, 10**6)),
+            "lora_lrs": list_of(number(1e-9, 1.0), min_len=0), "lora_rank": integer(1, 1 << 16),
             "n_prompts": prompt_count, "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192),
             "vqa_n": integer(1, 100_000), **COUNT_PARAMS, "eval_batch_size": integer(1, 1024),
             "show_progress": boolean(), **COMMON}
