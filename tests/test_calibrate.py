@@ -111,3 +111,36 @@ def test_method_check_says_whether_the_verdict_changed():
     assert "recipe" not in s
     rule, _ = calibrate.display(lora_same, "LoRA sweep")
     assert rule.legend.startswith("LoRA sweep, the rule's columns")
+
+
+def test_a_series_whose_evaluations_are_cached_is_neither_trained_nor_read(tmp_path, monkeypatch):
+    """A rerun on a machine whose cache holds the evaluations (carried from another machine) but no snapshot:
+    `calibrate.run` trains nothing and `dose.evaluate_series` reads no checkpoint."""
+    import json
+
+    from sinklib import vl
+    from sinklib.adapt import dose, pairs
+    from sinklib.core import cache
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    kw = dict(eval_n={"instructions": 2}, seed=0, prompts=["a"], sink_kwargs={}, vqa_n=1, eval_batch_size=8,
+              key_extra=calibrate.KEY_EXTRA)
+    pp = pairs.pair_params("smollm2-135m", stage2_steps=120, lr_lm=5e-5, weights="w")
+
+    def put(params, condition, value, **over):
+        path = cache.root() / "evals" / f"{cache.key(pairs.condition_key(params, condition, **{**kw, **over}))}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+
+    put(calibrate.base_params(pp), "base", {"who": "base"}, vqa_n=0)  # the base model has no VQA
+    for s in (60, 120):
+        put(calibrate.point_params(pp, 2e-3, 120), dose.snapshot_name("vl", s), {"who": s})
+    base_kw = {**kw, "vqa_n": 0}
+    assert pairs.cached_evaluation(calibrate.base_params(pp), "base", **base_kw) == {"who": "base"}
+    assert pairs.cached_evaluation(calibrate.base_params(pp), "base", refresh=True, **base_kw) is None
+    assert pairs.cached_evaluation(pp, "vl", **kw) is None
+    monkeypatch.setattr(vl, "clone_state_dict", lambda m: {})
+    monkeypatch.setattr(dose, "train_series", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    run_kw = {k: v for k, v in kw.items() if k != "key_extra"}  # run adds calibrate.KEY_EXTRA itself
+    out = calibrate.run(type("LM", (), {"model": None})(), pp, [2e-3], [60, 120], **run_kw)
+    assert out["base"] == {"who": "base"} and [p["eval"] for p in out["points"]] == [{"who": 60}, {"who": 120}]

@@ -72,9 +72,10 @@ def test_evaluate_series_uses_each_snapshot_and_its_projector(cache, monkeypatch
                      p.projector is not None, kw))
         return {"S": 0.0}
     monkeypatch.setattr(pairs, "evaluate_condition", fake)
-    out = dose.evaluate_series(lm, pair, "vl", [2, 1], eval_n={"math": 2})
+    kw_in = {"eval_n": {"math": 2}, "prompts": ["a"], "sink_kwargs": {}}
+    out = dose.evaluate_series(lm, pair, "vl", [2, 1], **kw_in)
     assert sorted(out) == [1, 2] and [c for c, *_ in seen] == ["vl step 1", "vl step 2"]
-    assert all(p == pair.params and proj and kw == {"eval_n": {"math": 2}} for _, p, _, proj, kw in seen)
+    assert all(p == pair.params and proj and kw == kw_in for _, p, _, proj, kw in seen)
     assert not torch.equal(seen[0][2], seen[1][2])
     k = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(lm.model.state_dict()[k], pair.states["base"][k])

@@ -73,10 +73,11 @@ def run(lm: Any, params: Mapping[str, Any], lrs: Sequence[float], steps: Sequenc
         eval_batch_size: int = 8, progress: bool = False) -> dict:
     """Train (or read from the cache) one VL series per rate and evaluate every snapshot and the base model on
     the same items. -> {'base': evaluation, 'points': [{'lr_lm', 'steps', 'eval'}]} (`pairs.evaluate_condition`
-    evaluations; `lm.model` ends holding the base weights)."""
+    evaluations; `lm.model` ends holding the base weights). A series whose every evaluation is cached is not
+    trained again (a cache carried from another machine holds evaluations, not snapshots)."""
     from sinklib import vl
     from sinklib.adapt import dose
-    from sinklib.adapt.pairs import LazyStates, Pair, evaluate_condition
+    from sinklib.adapt.pairs import LazyStates, Pair, cached_evaluation, evaluate_condition
 
     lrs, steps = check_grid(lrs, steps)
     kw = dict(eval_n=dict(eval_n), seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
@@ -86,7 +87,8 @@ def run(lm: Any, params: Mapping[str, Any], lrs: Sequence[float], steps: Sequenc
     out: dict = {"base": evaluate_condition(lm, base_pair, "base", **kw), "points": []}
     for lr in lrs:
         pp = point_params(params, lr, steps[-1])
-        dose.train_series(lm, pp, "vl", steps, progress=progress)
+        if any(cached_evaluation(pp, dose.snapshot_name("vl", s), vqa_n=vqa_n, **kw) is None for s in steps):
+            dose.train_series(lm, pp, "vl", steps, progress=progress)  # else nothing to train: all evaluated
         pair = Pair(params=pp, states=LazyStates({"base": base_state}), projector=None, encoder=None)
         evs = dose.evaluate_series(lm, pair, "vl", steps, vqa_n=vqa_n, **kw)
         out["points"] += [{"lr_lm": lr, "steps": s, "eval": evs[s]} for s in steps]

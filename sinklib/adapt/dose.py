@@ -95,18 +95,22 @@ def final_matches(lm: Any, params: Mapping[str, Any], kind: str,
 def evaluate_series(lm: Any, pair: Any, kind: str, steps: Sequence[int], **evaluate_kwargs: Any) -> dict[int, dict]:
     """Each snapshot of `kind` at `steps` evaluated by `pairs.evaluate_condition` (cached under
     `snapshot_name(kind, step)` with the pair's parameters), VQA with the snapshot's projector; {step: evaluation}.
-    A snapshot's weights are read only when its evaluation is not cached, one at a time; `lm.model` ends holding
-    the base weights."""
-    from sinklib.adapt.pairs import LazyStates, Pair, evaluate_condition
+    A snapshot is read only when its evaluation is not cached (a cached one needs no snapshot at all), one at a
+    time; `lm.model` ends holding the base weights."""
+    from sinklib.adapt.pairs import LazyStates, Pair, cached_evaluation, evaluate_condition
 
     out = {}
     for s in check_steps(pair.params, steps):
         d = snapshot_dir(pair.params, kind, s)
+        name = snapshot_name(kind, s)
+        hit = cached_evaluation(pair.params, name, **evaluate_kwargs)
+        if hit is not None:  # cached: neither the snapshot nor its projector is needed
+            out[s] = hit
+            continue
         if not cache.checkpoint_exists(d):
             raise ParameterError(f"no snapshot of {kind!r} at stage-2 step {s} for {pair.params['model']}: "
                                  "run `dose.train_series` with these steps first")
         ck = vl.load_checkpoint(d, lm.model, weights=False)
-        name = snapshot_name(kind, s)
         states = LazyStates({"base": pair.states["base"]})
         states.defer(name, lambda d=d: cache.load_state(d, lm.model))
         one = Pair(params=pair.params, states=states, projector=ck.projector if kind == "vl" else None,

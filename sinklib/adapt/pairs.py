@@ -313,6 +313,26 @@ def evaluation_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Ma
     return key
 
 
+def condition_key(pair_params: Mapping[str, Any], condition: str, *, eval_n: Mapping[str, int], seed: int = 0,
+                  prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int = 0, eval_batch_size: int = 8,
+                  key_extra: Mapping[str, Any] | None = None, **_: Any) -> dict:
+    """The cache key of `evaluate_condition` with its defaults (other keywords, such as `refresh`, ignored)."""
+    eval_n = {k: check_int(f"eval_n[{k}]", v, 0, 10**6) for k, v in dict(eval_n).items()}
+    return evaluation_key(pair_params, condition, eval_n=eval_n, seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
+                          vqa_n=vqa_n, eval_batch_size=eval_batch_size, key_extra=key_extra)
+
+
+def cached_evaluation(pair_params: Mapping[str, Any], condition: str, **evaluate_kwargs: Any) -> dict | None:
+    """What `evaluate_condition` returns for these arguments when it is cached, else None; reads no weights (so a
+    rerun on a machine whose cache holds the evaluations, carried by `sinklib.book.carry`, need not retrain)."""
+    import json
+
+    if evaluate_kwargs.get("refresh") or not {"eval_n", "prompts", "sink_kwargs"} <= evaluate_kwargs.keys():
+        return None  # refreshed, or not a complete evaluate_condition call (it will say what is missing)
+    path = cache.root() / "evals" / f"{cache.key(condition_key(pair_params, condition, **evaluate_kwargs))}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mapping[str, int], seed: int = 0,
                        prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int = 0,
                        eval_batch_size: int = 8, refresh: bool = False, key_extra: Mapping[str, Any] | None = None) -> dict:
@@ -328,8 +348,8 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
     from sinklib.evals.paired import outcomes
 
     eval_n = {k: check_int(f"eval_n[{k}]", v, 0, 10**6) for k, v in dict(eval_n).items()}
-    key = evaluation_key(pair.params, condition, eval_n=eval_n, seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
-                         vqa_n=vqa_n, eval_batch_size=eval_batch_size, key_extra=key_extra)
+    key = condition_key(pair.params, condition, eval_n=eval_n, seed=seed, prompts=prompts, sink_kwargs=sink_kwargs,
+                        vqa_n=vqa_n, eval_batch_size=eval_batch_size, key_extra=key_extra)
 
     def compute() -> dict:
         model = pair.load_into(lm.model, condition)
