@@ -144,3 +144,13 @@ def test_a_series_whose_evaluations_are_cached_is_neither_trained_nor_read(tmp_p
     run_kw = {k: v for k, v in kw.items() if k != "key_extra"}  # run adds calibrate.KEY_EXTRA itself
     out = calibrate.run(type("LM", (), {"model": None})(), pp, [2e-3], [60, 120], **run_kw)
     assert out["base"] == {"who": "base"} and [p["eval"] for p in out["points"]] == [{"who": 60}, {"who": 120}]
+
+
+def test_point_sentence_gives_every_measured_change_with_its_interval():
+    t = calibrate.table(_res([(2e-3, 60, _ev(10, 40, S=0.9))]), seed=0, image_size=48)
+    s = calibrate.point_sentence(t.iloc[0])
+    assert s.startswith("rate 0.002 for 60 steps: VQA 90.0 % (majority")
+    assert "instructions strict -50.0 [" in s and "knowledge +0.0 [" in s and "perplexity +0.0 [" in s
+    assert s.endswith("S 0.900 (base 0.500)")
+    no_vqa = calibrate.table(_res([(2e-3, 60, _ev(10, 40, vqa=None))]), seed=0, image_size=48)
+    assert "VQA not measured" in calibrate.point_sentence(no_vqa.iloc[0])

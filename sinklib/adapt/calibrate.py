@@ -167,6 +167,17 @@ def sentence(t: pd.DataFrame, model: str) -> str:
     return "; ".join(parts) + "."
 
 
+def point_sentence(r: Mapping[str, Any]) -> str:
+    """One point of `table` with every measured change: 'rate 0.002 for 60 steps: VQA 68.5 % (majority 38 %),
+    instructions strict -11.4 [-16.1, -6.9], ... points, S 0.943 (base 0.725)'."""
+    vqa = (f"VQA {r['VQA']:.1f} % (majority {r['majority']:.0f} %)" if r.get("VQA") == r.get("VQA") and
+           r.get("VQA") is not None else "VQA not measured")
+    cells = ", ".join(f"{m.replace(' acc', '').replace(' ppl', '')} {_cell(r, m)}" for m in METRICS
+                      if f"{m} lo" in r)
+    return (f"rate {r['lr_lm']:g} for {int(r['steps'])} steps: {vqa}, {cells} (changes from the base model; "
+            f"perplexity in its own units, the rest in points), S {r['S']:.3f} (base {r['S base']:.3f})")
+
+
 def method_check(full: pd.DataFrame, lora: pd.DataFrame, model: str, method: str) -> str:
     """Section 10.4 in words: does training the LM through LoRA adapters (`method`, for example 'LoRA rank 16')
     instead of every weight change the model's verdict under `RULE` (some point of the grid qualifies, or none
