@@ -147,10 +147,16 @@ def test_a_series_whose_evaluations_are_cached_is_neither_trained_nor_read(tmp_p
 
 
 def test_point_sentence_gives_every_measured_change_with_its_interval():
-    t = calibrate.table(_res([(2e-3, 60, _ev(10, 40, S=0.9))]), seed=0, image_size=48)
-    s = calibrate.point_sentence(t.iloc[0])
+    t = calibrate.table(_res([(2e-3, 60, _ev(10, 40, S=0.9)), (5e-4, 60, _ev(40, 40)), (2e-3, 120, _ev(12, 40))]),
+                        seed=0, image_size=48)
+    s = calibrate.point_sentence(t[(t.lr_lm == 2e-3) & (t.steps == 60)].iloc[0])
     assert s.startswith("rate 0.002 for 60 steps: VQA 90.0 % (majority")
     assert "instructions strict -50.0 [" in s and "knowledge +0.0 [" in s and "perplexity +0.0 [" in s
-    assert s.endswith("S 0.900 (base 0.500)")
+    assert s.endswith("S 0.900 (base 0.500)") and "lenient" in s and "instructions lenient" not in s
     no_vqa = calibrate.table(_res([(2e-3, 60, _ev(10, 40, vqa=None))]), seed=0, image_size=48)
     assert "VQA not measured" in calibrate.point_sentence(no_vqa.iloc[0])
+    at = calibrate.points_at(t, 2e-3)
+    assert at.count("rate 0.002") == 2 and "rate 0.0005" not in at
+    assert calibrate.points_at(t, frozen=True).startswith("rate 0.002 for 60 steps")   # fewest steps, then lowest rate
+    flat = calibrate.table(_res([(5e-4, 60, _ev(40, 40))]), seed=0, image_size=48)
+    assert calibrate.points_at(flat, frozen=True) == "" and calibrate.points_at(flat, 1e-3) == ""

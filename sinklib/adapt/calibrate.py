@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sinklib.core.params import check_float, check_int
@@ -167,15 +168,29 @@ def sentence(t: pd.DataFrame, model: str) -> str:
     return "; ".join(parts) + "."
 
 
-def point_sentence(r: Mapping[str, Any]) -> str:
-    """One point of `table` with every measured change: 'rate 0.002 for 60 steps: VQA 68.5 % (majority 38 %),
-    instructions strict -11.4 [-16.1, -6.9], ... points, S 0.943 (base 0.725)'."""
-    vqa = (f"VQA {r['VQA']:.1f} % (majority {r['majority']:.0f} %)" if r.get("VQA") == r.get("VQA") and
-           r.get("VQA") is not None else "VQA not measured")
-    cells = ", ".join(f"{m.replace(' acc', '').replace(' ppl', '')} {_cell(r, m)}" for m in METRICS
-                      if f"{m} lo" in r)
-    return (f"rate {r['lr_lm']:g} for {int(r['steps'])} steps: {vqa}, {cells} (changes from the base model; "
-            f"perplexity in its own units, the rest in points), S {r['S']:.3f} (base {r['S base']:.3f})")
+#: the changes `point_sentence` gives, in its order
+POINT_METRICS = ("instructions strict", "knowledge acc", "math strict", "math lenient", "perplexity ppl")
+
+
+def point_sentence(r: Mapping[str, Any], metrics: Sequence[str] = POINT_METRICS) -> str:
+    """One point of `table` in words: 'rate 0.002 for 60 steps: VQA 68.5 % (majority 38 %), instructions strict
+    -11.4 [-16.1, -6.9], ..., S 0.943 (base 0.725)': the changes from the base model with their paired intervals
+    (points; perplexity in its own units)."""
+    vqa = r.get("VQA")
+    vqa = f"VQA {vqa:.1f} % (majority {r['majority']:.0f} %)" if vqa is not None and vqa == vqa else "VQA not measured"
+    cells = ", ".join(f"{m.replace(' acc', '').replace(' ppl', '')} {_cell(r, m)}" for m in metrics if f"{m} lo" in r)
+    return f"rate {r['lr_lm']:g} for {int(r['steps'])} steps: {vqa}, {cells}, S {r['S']:.3f} (base {r['S base']:.3f})"
+
+
+def points_at(t: pd.DataFrame, lr_lm: float | None = None, frozen: bool = False) -> str:
+    """`point_sentence` of the points of `t` at stage-2 rate `lr_lm`, or of the frozen recipe's point
+    (`frozen=True`; '' when no point qualifies), joined by '; '."""
+    if frozen:
+        c = choose(t)
+        rows = t[(t.lr_lm == c["lr_lm"]) & (t.steps == c["stage2_steps"])] if c else t.iloc[0:0]
+    else:
+        rows = t[np.isclose(t.lr_lm, lr_lm, rtol=1e-9, atol=0)]
+    return "; ".join(point_sentence(r) for _, r in rows.iterrows())
 
 
 def method_check(full: pd.DataFrame, lora: pd.DataFrame, model: str, method: str) -> str:
