@@ -1,0 +1,208 @@
+"""Chapter 11's four-model panel (#29): one adaptation recipe, frozen by chapter 10, applied to four real models.
+
+The recipe is chapter 10's LoRA recipe (`frozen_recipe`: its rate and stage-2 length, LoRA rank, alpha and targets),
+with the VL questions in the 'field' phrasing that shares no template with any evaluation suite (`vl.PHRASINGS`),
+and the same for the text-only control. Every model is trained the same way, through LoRA adapters: the largest
+model cannot be fine-tuned in full on the 2-core machine, and chapter 10 found that a LoRA dose and a full fine-tune
+dose that both qualify differ in strength, so mixing the two methods would confound the method with the model.
+
+Each condition is a stage-2 *series* of one length (`dose.train_series`, `dose.evaluate_series`: trained once,
+saved at the last step, evaluated and cached under `dose.snapshot_name`), so the panel runs job by job
+(`jobs`: the primary test's jobs first) and a rerun reads only cached evaluations. `low_memory=True` (the 1.5B
+model) trains with gradient checkpointing (`checkpointing`: the same gradients, recomputed) and reads the base
+weights back from a checkpoint of its own instead of holding a copy (`Streamed`).
+
+The primary test (`primary_test`): across the four base models, Spearman's rho of base S against the VL change of
+the strict instruction pass rate (the mean over training seeds), one-sided in the paper's direction (higher S, less
+loss: rho > 0), exact over the 4! orderings; only a perfect ordering reaches p < 0.05 (p = 1/24).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sinklib.adapt.pairs import LazyStates, Pair
+from sinklib.core.params import check_choice, check_int
+from sinklib.errors import ParameterError, ResultsMissing
+
+#: the panel: three models without QK-norm and one with per-head QK-norm (Gemma-3)
+MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+#: the trained conditions, in the order their jobs run after the primary test's
+KINDS = ("vl", "text_only")
+PRIMARY = "instructions strict"
+PHRASING = "field"
+
+
+def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
+    """Chapter 10's frozen LoRA recipe from its results document: {'calibrated_on', 'lr_lm', 'stage2_steps',
+    'lm_method', 'lora_rank', 'lora_alpha', 'lora_targets'}; a clear error when chapter 10 froze none."""
+    r = doc10.get("results", doc10)
+    method, recipes = r.get("lora_method"), {n: v for n, v in (r.get("lora_recipe") or {}).items() if v}
+    if not method or not recipes:
+        raise ResultsMissing("chapter 10 froze no LoRA recipe (its results have no qualifying LoRA point): run "
+                             "notebooks/10_calibration.ipynb on the full profile first, or give the recipe by hand")
+    if len(recipes) != 1:
+        raise ParameterError(f"chapter 10 froze LoRA recipes for {sorted(recipes)}; the panel needs exactly one")
+    (name, rec), = recipes.items()
+    return {"calibrated_on": name, "lr_lm": float(rec["lr_lm"]), "stage2_steps": int(rec["stage2_steps"]), **method}
+
+
+def panel_params(name: str, weights: str, recipe: Mapping[str, Any], seed: int, *, image_size: int,
+                 stage1_steps: int, batch_size: int, lr_projector: float, schedule: str) -> dict:
+    """The pair parameters of one model and training seed under the frozen recipe (the projector trains at the
+    LM's stage-2 rate, LLaVA-1.5's rule, as in chapter 10), in the 'field' phrasing."""
+    from sinklib.adapt.pairs import pair_params
+
+    lora = {k: recipe[k] for k in ("lm_method", "lora_rank", "lora_alpha", "lora_targets")}
+    return pair_params(name, weights=weights, seed=seed, image_size=image_size, stage1_steps=stage1_steps,
+                       stage2_steps=recipe["stage2_steps"], batch_size=batch_size, lr_projector=lr_projector,
+                       lr_lm=recipe["lr_lm"], lr_projector_stage2=recipe["lr_lm"], schedule=schedule,
+                       phrasing=PHRASING, **lora)
+
+
+def jobs(models: Sequence[str], seeds: Sequence[int], kinds: Sequence[str] = KINDS) -> list[tuple[str, int, str]]:
+    """(model, seed, kind) in the order the panel runs them: VL at the first seed for every model (with the base
+    evaluations: the primary test), then VL at the other seeds, then each further kind at every seed."""
+    kinds = [check_choice("kinds[]", k, KINDS) for k in kinds]
+    seeds = [check_int("seeds[]", s, 0) for s in seeds]
+    if not models or not seeds or "vl" not in kinds:
+        raise ParameterError("the panel needs at least one model, one seed and the 'vl' condition")
+    out = [(m, seeds[0], "vl") for m in models]
+    out += [(m, s, "vl") for s in seeds[1:] for m in models]
+    out += [(m, s, k) for k in kinds if k != "vl" for s in seeds for m in models]
+    return out
+
+
+@contextlib.contextmanager
+def checkpointing(model: Any, on: bool = True) -> Iterator[None]:
+    """Gradient checkpointing of a transformers model while the block runs (activations recomputed in the backward
+    pass instead of stored: the same gradients, less memory, about a third more compute); off again after."""
+    if not on:
+        yield
+        return
+    new = hasattr(model, "activation_checkpointing_enable")  # transformers >= 5 (the old names warn there)
+    kw = {"use_reentrant": False}
+    if new:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    try:
+        yield
+    finally:
+        model.activation_checkpointing_disable() if new else model.gradient_checkpointing_disable()
+
+
+class Streamed(LazyStates):
+    """`LazyStates` whose deferred states are made on every read and never kept: a model too large for two copies
+    in memory reads its base weights back from disk each time it needs them."""
+
+    def __getitem__(self, condition: str) -> dict:
+        return self._data[condition].make() if not self.ready(condition) else self._data[condition]
+
+
+def base_source(lm: Any, params: Mapping[str, Any], *, low_memory: bool = False) -> Callable[[], dict]:
+    """A function that returns the base LM's state: a copy made now and kept, or (low_memory) a checkpoint of the
+    base weights saved once in the cache under the model and its weights and read back on every call."""
+    from sinklib import vl
+    from sinklib.core import cache
+
+    if not low_memory:
+        kept = vl.clone_state_dict(lm.model)
+        return lambda: kept
+    d = cache.checkpoint_dir(cache.key({"kind": "base weights", "model": params["model"],
+                                        "weights": params.get("weights", "")}))
+    if not cache.checkpoint_exists(d):
+        cache.save_checkpoint(d, lm.model, meta={"kind": "base weights", "model": params["model"]})
+    return lambda: cache.load_state(d, lm.model)
+
+
+def _pair(params: Mapping[str, Any], base: Callable[[], dict], *, streamed: bool, **more: Callable[[], dict]) -> LazyStates:
+    states = Streamed() if streamed else LazyStates()
+    for name, make in {"base": base, **more}.items():
+        states.defer(name, make)
+    return states
+
+
+def run_condition(lm: Any, params: Mapping[str, Any], kind: str, base: Callable[[], dict], *,
+                  low_memory: bool = False, progress: bool = False, **evaluate_kwargs: Any) -> dict:
+    """One job: train `kind` ('vl' or 'text_only') with the pair's recipe unless its evaluation is cached
+    (`dose.train_series`, one snapshot at the last stage-2 step), then evaluate that snapshot
+    (`pairs.evaluate_condition` under `dose.snapshot_name`, VQA with its projector for 'vl'); with `low_memory`
+    no state but the model's own is kept between reads. -> the evaluation."""
+    from sinklib import vl
+    from sinklib.adapt import dose
+    from sinklib.adapt.pairs import cached_evaluation, evaluate_condition
+    from sinklib.core import cache
+
+    step = params["stage2_steps"]
+    name, kw = dose.snapshot_name(kind, step), {**evaluate_kwargs, **({} if kind == "vl" else {"vqa_n": 0})}
+    hit = cached_evaluation(params, name, **kw)
+    if hit is not None:
+        return hit
+    with checkpointing(lm.model, low_memory):
+        d = dose.train_series(lm, params, kind, [step], progress=progress)[step]
+    ck = vl.load_checkpoint(d, lm.model, weights=False)
+    states = _pair(params, base, streamed=low_memory, **{name: lambda: cache.load_state(d, lm.model)})
+    pair = Pair(params=dict(params), states=states, projector=ck.projector if kind == "vl" else None,
+                encoder=ck.encoder if kind == "vl" else None)
+    return evaluate_condition(lm, pair, name, **kw)
+
+
+def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False,
+             **evaluate_kwargs: Any) -> dict:
+    """The base model's evaluation, keyed by the pair's parameters without the LoRA keys (`calibrate.base_params`,
+    as chapter 10 pairs its LoRA series), VQA not measured."""
+    from sinklib.adapt.calibrate import base_params
+    from sinklib.adapt.pairs import evaluate_condition
+
+    pair = Pair(params=base_params(params), states=_pair(params, base, streamed=low_memory), projector=None,
+                encoder=None)
+    return evaluate_condition(lm, pair, "base", **{**evaluate_kwargs, "vqa_n": 0})
+
+
+def primary_test(S: Mapping[str, float], change: Mapping[str, float]) -> dict:
+    """Spearman's rho of base S against the VL change of the primary metric (points, mean over seeds) across the
+    models of both mappings, with the exact one-sided permutation p (rho > 0, the paper's direction) and the
+    smallest p that n models allow. -> {'n', 'rho', 'p', 'p_min', 'models'}."""
+    from sinklib.stats.rank import spearman_permutation
+
+    models = [m for m in S if m in change and np.isfinite(S[m]) and np.isfinite(change[m])]
+    n = len(models)
+    if n < 3:
+        return {"n": n, "rho": float("nan"), "p": float("nan"), "p_min": float("nan"), "models": models}
+    r = spearman_permutation([S[m] for m in models], [change[m] for m in models], alternative="greater")
+    return {"n": n, "rho": float(r.rho), "p": float(r.p_value), "p_min": 1.0 / float(np.prod(range(1, n + 1))),
+            "models": models}
+
+
+def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
+    """The primary test in words, with what n models can show."""
+    if t["n"] < 3:
+        return f"not tested: {t['n']} model(s) with both a base S and a VL change (the test needs three or more)"
+    reach = ("only a perfect ordering can reach it" if t["p_min"] <= level < 2 * t["p_min"] else
+             "no ordering can reach it" if t["p_min"] > level else "")
+    return (f"Spearman rho of base S against the VL change of the strict instruction pass rate {t['rho']:+.2f} over "
+            f"{t['n']} models, one-sided exact p {t['p']:.3f} (the smallest p {t['n']} models allow: "
+            f"{t['p_min']:.3f}; at the {level:g} level {reach or 'several orderings can reach it'})")
+
+
+def changes(evals: Mapping[tuple[str, int, str], dict], base: Mapping[str, dict], metric: str = PRIMARY,
+            seed: int = 0) -> pd.DataFrame:
+    """One row per (model, kind, seed) of `evals` {(model, seed, kind): evaluation}: the paired change of `metric`
+    from the model's base evaluation `base` {model: evaluation}, with its interval and p (`evals.paired`)."""
+    from sinklib.evals.paired import paired_changes
+
+    rows = []
+    for (m, s, k), ev in evals.items():
+        for ch in paired_changes(base[m], ev, seed=seed):
+            if ch["metric"] == metric:
+                rows.append({"model": m, "kind": k, "seed": s, **ch})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "frozen_recipe", "panel_params", "jobs", "checkpointing",
+           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence", "changes"]
