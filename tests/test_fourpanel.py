@@ -88,3 +88,31 @@ def test_one_job_in_both_memory_modes_gives_the_same_model(tmp_path, monkeypatch
         assert all(torch.equal(low_snaps[k][n], snaps[k][n]) for n in snaps[k])
     assert low_base() is not low_base() and base() is base()                      # streamed vs kept
     assert all(torch.equal(low_base()[n], base()[n]) for n in base())
+
+
+def _ev(instr: int, know: int, n: int = 40, vqa=(0.9, 200), S: float = 0.5) -> dict:
+    rows = lambda k: [i < k for i in range(n)]  # noqa: E731
+    return {"outcomes": {"instructions strict": rows(instr), "math strict": rows(10), "math lenient": rows(20),
+                         "knowledge acc": rows(know)}, "vqa": list(vqa) if vqa else None, "S": S}
+
+
+def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
+    from sinklib.claims import ch11
+
+    panel = {"base": {"a": _ev(30, 30, S=0.9), "b": _ev(30, 30, S=0.1), "c": _ev(30, 30, S=0.5)},
+             "evals": {("a", 0, "vl"): _ev(28, 30), ("a", 1, "vl"): _ev(26, 30), ("a", 0, "text_only"): _ev(27, 30, vqa=None),
+                       ("b", 0, "vl"): _ev(10, 30), ("b", 1, "vl"): _ev(12, 30),
+                       ("c", 0, "vl"): _ev(20, 5), ("c", 1, "vl"): _ev(20, 5, vqa=(0.3, 200))}}
+    doc = ch11.outcomes_doc(panel, 0)
+    assert set(doc["results"]["outcomes"]["a"]) == {"base", "vl", "vl seed 1", "text_only"}
+    rows = ch11.pair_rows(panel, 0, 48).set_index("model")
+    assert rows.loc["a", "VL: instructions strict"].v == pytest.approx(-(2 + 4) / 2 / 40 * 100)  # mean over seeds
+    assert rows.loc["b", "VL: instructions strict"].hi < 0 and rows.loc["a", "seeds"] == 2
+    assert rows.loc["a", "text-only: instructions strict"] is not None and rows.loc["b", "text-only: instructions strict"] is None
+    assert rows.loc["a", "VL minus text-only: instructions strict"].v == pytest.approx(2.5)   # seed 0 only has both
+    assert rows.loc["a", "precondition"] and rows.loc["b", "precondition"]
+    assert not rows.loc["c", "learned"] and not rows.loc["c", "precondition"]   # one seed did not learn; knowledge fell
+    t = ch11.primary_of(rows.reset_index())
+    assert t["models"] == ["a", "b"] and t["n"] == 2 and "not tested" in fourpanel.primary_sentence(t)
+    shown = ch11.display(rows.reset_index()).frame
+    assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from sinklib.adapt.pairs import LazyStates, Pair
 from sinklib.core.params import check_choice, check_int
@@ -190,19 +189,97 @@ def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
             f"{t['p_min']:.3f}; at the {level:g} level {reach or 'several orderings can reach it'})")
 
 
-def changes(evals: Mapping[tuple[str, int, str], dict], base: Mapping[str, dict], metric: str = PRIMARY,
-            seed: int = 0) -> pd.DataFrame:
-    """One row per (model, kind, seed) of `evals` {(model, seed, kind): evaluation}: the paired change of `metric`
-    from the model's base evaluation `base` {model: evaluation}, with its interval and p (`evals.paired`)."""
-    from sinklib.evals.paired import paired_changes
+def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: bool = False, log=None) -> dict:
+    """Every job of `jobs(p['models'], p['seeds'], p['kinds'])` in order (or only the primary test's), each model's
+    base evaluation before its first job, one model in memory at a time (`low_memory` for the models of
+    p['low_memory_models']). Evaluations use item seed 0 for every training seed, so all are paired on the same
+    items. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind): evaluation}, 'params': {(model, seed):
+    pair parameters}, 'seconds': {(model, seed, kind): seconds}}."""
+    import time
 
-    rows = []
-    for (m, s, k), ev in evals.items():
-        for ch in paired_changes(base[m], ev, seed=seed):
-            if ch["metric"] == metric:
-                rows.append({"model": m, "kind": k, "seed": s, **ch})
-    return pd.DataFrame(rows)
+    from sinklib.adapt.pairs import sink_settings
+    from sinklib.core.data import load_prompts
+    from sinklib.core.models import load_model
+    from sinklib.evals import counts
+
+    todo = jobs(p["models"], p["seeds"], p["kinds"])
+    if primary_only:
+        todo = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
+    prompts = load_prompts(p["n_prompts"], seed=0)
+    out: dict = {"base": {}, "evals": {}, "params": {}, "seconds": {}}
+    lm = base = None
+    for i, (name, seed, kind) in enumerate(todo):
+        low = name in p["low_memory_models"]
+        if lm is None or lm.name != name:
+            lm = base = None  # one model in memory at a time
+            lm = load_model(name, device=p["device"])
+        pp = panel_params(name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
+                          stage1_steps=p["stage1_steps"], batch_size=p["batch_size"],
+                          lr_projector=p["lr_projector"], schedule=p["schedule"])
+        if base is None:
+            base = base_source(lm, pp, low_memory=low)
+        kw = dict(eval_n=counts(p), seed=0, prompts=prompts, sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]),
+                  vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"])
+        if name not in out["base"]:
+            out["base"][name] = run_base(lm, pp, base, low_memory=low, **kw)
+        t0 = time.perf_counter()
+        out["evals"][(name, seed, kind)] = run_condition(lm, pp, kind, base, low_memory=low,
+                                                         progress=p["show_progress"], **kw)
+        out["seconds"][(name, seed, kind)] = time.perf_counter() - t0
+        out["params"][(name, seed)] = pp
+        if log:
+            log(f"job {i + 1}/{len(todo)}: {name} seed {seed} {kind} ({out['seconds'][(name, seed, kind)]:.0f} s)")
+    return out
+
+
+#: a chapter-11 parameter that takes chapter 10's frozen value
+FROM_CHAPTER10 = "chapter10"
+
+
+def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) -> dict:
+    """The recipe the chapter runs: chapter 10's frozen LoRA recipe, with `lr_lm` or `stage2_steps` replaced where
+    they are numbers (a profile's override, for example the quick profile's few steps; `FROM_CHAPTER10` keeps the
+    frozen value). Without chapter 10's results both must be numbers, and the LoRA method is `vl.lora`'s default."""
+    from sinklib import vl
+
+    if doc10 is None:
+        if FROM_CHAPTER10 in (lr_lm, stage2_steps):
+            raise ResultsMissing("chapter 10's results are needed for its frozen recipe: run notebooks/10_calibration"
+                                 ".ipynb first, or give lr_lm and stage2_steps as numbers")
+        base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
+    else:
+        base = frozen_recipe(doc10)
+    out = dict(base)
+    if lr_lm != FROM_CHAPTER10:
+        out["lr_lm"] = float(lr_lm)
+    if stage2_steps != FROM_CHAPTER10:
+        out["stage2_steps"] = int(stage2_steps)
+    return out
+
+
+def _params() -> dict:
+    from sinklib import vl
+    from sinklib.core.models import MODEL_PARAMS
+    from sinklib.core.params import COMMON, boolean, choice, integer, list_of, number, text
+    from sinklib.core.sink import prompt_count
+    from sinklib.evals import COUNT_PARAMS
+
+    def or_ch10(check):
+        return lambda name, value: value if value == FROM_CHAPTER10 else check(name, value)
+
+    return {**MODEL_PARAMS, "seeds": list_of(integer(0)), "kinds": list_of(choice(KINDS)),
+            "low_memory_models": list_of(text(), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
+            "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
+            "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)),
+            "stage2_steps": or_ch10(integer(1, 10**6)), "n_prompts": prompt_count,
+            "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192), "vqa_n": integer(1, 100_000),
+            **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
+
+
+#: chapter 11's parameters and their checks (`params.validate`)
+CHAPTER11_PARAMS = _params()
 
 
 __all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "frozen_recipe", "panel_params", "jobs", "checkpointing",
-           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence", "changes"]
+           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence",
+           "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]

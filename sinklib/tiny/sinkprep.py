@@ -25,22 +25,10 @@ CHAPTER = "09_sink_panel"
 def chapter_params(profile: str = "full", root: Path | None = None) -> dict:
     """Chapter 9's parameters on `profile`: the notebook's parameters cell with the profile's values over it
     (what papermill runs it with), checked by ``CHAPTER9_PARAMS``."""
-    import nbformat
-
-    from sinklib.book import runner
-    from sinklib.core import params as cp
+    from sinklib.book.prep import notebook_params
     from sinklib.tiny.sinkpanel import CHAPTER9_PARAMS
 
-    root = root or Path(__file__).resolve().parents[2]
-    path = root / "notebooks" / f"{CHAPTER}.ipynb"
-    if not path.exists():
-        raise ParameterError(f"{path} not found: run this from a checkout of sinkbook (it reads the notebook's "
-                             "parameters cell)")
-    ns: dict = {}
-    exec(compile(runner.parameters_cell(nbformat.read(path, as_version=4)).source, str(path), "exec"), ns)
-    ns = {k: v for k, v in ns.items() if not k.startswith("__")}
-    ns.update(runner.load_profile(CHAPTER, profile))
-    return cp.validate(CHAPTER9_PARAMS, ns)
+    return notebook_params(CHAPTER, profile, CHAPTER9_PARAMS, root)
 
 
 def plan(p: Mapping) -> list[dict]:

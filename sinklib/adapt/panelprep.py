@@ -1,0 +1,45 @@
+"""Fill chapter 11's cache job by job: ``python -m sinklib.adapt.panelprep --profile full [--primary-only]``.
+
+The four-model panel takes about 7 hours for its primary test and about 23 for everything on the 2-core machine
+(DEVELOPING.md), longer than a working session. This command runs `fourpanel.run_panel` with the chapter's own
+parameters (the notebook's parameters cell under the profile, and chapter 10's frozen recipe from its results),
+so every training and evaluation lands in the cache under the keys the chapter uses; a job that was stopped is
+started again, a finished one is read. Run it with nothing else on the cores (DEVELOPING.md: the shared-cores
+pitfall), then carry the finished evaluations to the next machine with ``python -m sinklib.book.carry export``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+CHAPTER = "11_four_panel"
+
+
+def chapter_params(profile: str = "full", root: Path | None = None) -> dict:
+    """Chapter 11's parameters on `profile` (the notebook's parameters cell, the profile's values over it),
+    checked by `fourpanel.CHAPTER11_PARAMS`."""
+    from sinklib.adapt.fourpanel import CHAPTER11_PARAMS
+    from sinklib.book.prep import notebook_params
+
+    return notebook_params(CHAPTER, profile, CHAPTER11_PARAMS, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sinklib.adapt import fourpanel
+    from sinklib.book.results import load_results
+
+    ap = argparse.ArgumentParser(description="fill chapter 11's cache job by job (the primary test's jobs first)")
+    ap.add_argument("--profile", default="full")
+    ap.add_argument("--primary-only", action="store_true", help="only base and VL at the first seed of each model")
+    args = ap.parse_args(argv)
+    p = chapter_params(args.profile)
+    recipe = fourpanel.recipe_of(load_results("10_calibration"), p["lr_lm"], p["stage2_steps"])
+    print(f"chapter 11 ({args.profile}): models {', '.join(p['models'])}, seeds {p['seeds']}, recipe {recipe}",
+          flush=True)
+    fourpanel.run_panel(p, recipe, primary_only=args.primary_only, log=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
