@@ -113,6 +113,7 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     assert rows.loc["a", "precondition"] and rows.loc["b", "precondition"]
     assert not rows.loc["c", "learned"] and not rows.loc["c", "precondition"]   # one seed did not learn; knowledge fell
     t = ch11.primary_of(rows.reset_index())
-    assert t["models"] == ["a", "b"] and t["n"] == 2 and "not tested" in fourpanel.primary_sentence(t)
+    assert t["models"] == ["a", "b"] and t["n"] == 2 and t["of"] == 3
+    assert fourpanel.primary_sentence(t).startswith("not tested: 2 of 3 pairs pass their preconditions")
     shown = ch11.display(rows.reset_index()).frame
     assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()

@@ -83,7 +83,8 @@ def display(rows: pd.DataFrame):
 def primary_of(rows: pd.DataFrame) -> dict:
     """`primary_test` over the models whose precondition holds (their VL change of the primary metric, pooled)."""
     ok = rows[rows.precondition]
-    return primary_test(dict(zip(ok.model, ok.S)), {m: e.v for m, e in zip(ok.model, ok["VL: " + PRIMARY])})
+    t = primary_test(dict(zip(ok.model, ok.S)), {m: e.v for m, e in zip(ok.model, ok["VL: " + PRIMARY])})
+    return {**t, "of": len(rows)}
 
 
 __all__ = ["METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
