@@ -228,6 +228,8 @@ def test_time_left_and_progress_line():
     line = reproduce.progress_line(2, 3, "02_x", 95.0, 130.0, "training 12/40")
     assert line == "[2/3] 02_x  elapsed 0:01:35  left ~0:02:10  (training 12/40)"
     assert reproduce.progress_line(1, 3, "01_x", 0, None, "").endswith("left ~?")
+    over = reproduce.progress_line(1, 3, "04_x", 3600.0, 60.0, "VL stage 1 5/200", overrun=48.0)
+    assert "past its saved run time of 0:00:48" in over and "then ~0:01:00 for the chapters after it" in over
 
 
 def test_progress_side_channel(tmp_path, monkeypatch):

@@ -61,9 +61,14 @@ def clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def progress_line(i: int, n: int, name: str, elapsed: float, left: float | None, step: str) -> str:
-    """``[2/8] 02_sink_strength  elapsed 0:03:10  left ~0:05:00  (training 12/40)``."""
+def progress_line(i: int, n: int, name: str, elapsed: float, left: float | None, step: str,
+                  overrun: float | None = None) -> str:
+    """``[2/8] 02_sink_strength  elapsed 0:03:10  left ~0:05:00  (training 12/40)``; with `overrun` (the chapter's
+    saved run time, when the chapter has run longer than that) the estimate says it no longer counts this chapter."""
     tail = f"  ({step})" if step else ""
+    if overrun is not None:
+        return (f"[{i}/{n}] {name}  elapsed {clock(elapsed)}  past its saved run time of {clock(overrun)} (measured "
+                f"with what that run found cached), then ~{clock(left)} for the chapters after it{tail}")
     return f"[{i}/{n}] {name}  elapsed {clock(elapsed)}  left ~{clock(left)}{tail}"
 
 
@@ -77,8 +82,10 @@ class Ticker:
 
     def line(self) -> str:
         order, est, i, t_run, pfile = self.args
-        left = time_left(order, est, i, time.time() - self.t_chapter)
-        return progress_line(i + 1, len(order), order[i], time.time() - t_run, left, progress.describe(progress.read(pfile)))
+        ran = time.time() - self.t_chapter
+        left, saved = time_left(order, est, i, ran), est.get(order[i])
+        return progress_line(i + 1, len(order), order[i], time.time() - t_run, left, progress.describe(progress.read(pfile)),
+                             overrun=saved if saved is not None and ran > saved else None)
 
     def _loop(self):
         while not self.stop_event.wait(self.every):
