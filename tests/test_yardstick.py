@@ -77,3 +77,55 @@ def test_bad_input_is_a_clear_error(setup):
         next_token_kl(lm.model, {"vl": other}, seqs)
     with pytest.raises(ParameterError, match="non-empty"):
         next_token_kl(lm.model, {"base": base, "vl": other}, [[]])
+
+
+class _Pair:
+    """What `pair_kl` reads of a chapter-4 pair: its parameters and its condition -> state mapping."""
+
+    def __init__(self, states, params):
+        self.states, self.params = states, params
+
+
+def test_pair_kl_measures_each_condition_and_size_and_caches_it(setup, tmp_path, monkeypatch):
+    from sinklib.adapt.yardstick import kl_sentence, matched_size, pair_kl, round_size
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm, base, other, seqs = setup
+    lm.tokenizer = None  # a pair_kl without tokenizer pads with 0
+    rnd = random_direction_like(base, other, seed=1)
+    pair = _Pair({"base": base, "vl": other, "random": rnd}, {"model": "tiny", "seed": 0})
+    kls = pair_kl(lm, pair, ["vl"], [2.0, 4.0], seqs=seqs)
+    assert set(kls) == {"vl", "random x2", "random x4"}
+    assert kls["vl"]["kl"] == pytest.approx(next_token_kl(lm.model, {"base": base, "v": other}, seqs)["v"]["kl"])
+    assert kls["random x2"]["kl"] < kls["random x4"]["kl"]
+    # a second call reads the cache: no state is touched (a pair whose states would fail if read)
+    class Boom(dict):
+        def __getitem__(self, k):
+            raise AssertionError("read a state")
+    cached = pair_kl(lm, _Pair(Boom(base=1, vl=1, random=1), pair.params), ["vl"], [2.0, 4.0], seqs=seqs)
+    assert cached == kls
+    one = pair_kl(lm, pair, ["random"], seqs=seqs)["random"]["kl"]
+    both = {**kls, "random": {"kl": one}}
+    k = matched_size(both, [2.0, 4.0])
+    assert (k is None) == (not min(one, kls["random x4"]["kl"]) <= kls["vl"]["kl"] <= kls["random x4"]["kl"])
+    assert matched_size({"vl": {"kl": kls["random x2"]["kl"]}, "random x2": kls["random x2"],
+                         "random x4": kls["random x4"]}, [2.0, 4.0]) == 2.0
+    assert round_size(6.349) == 6.3 and round_size(0.01234) == 0.012
+    assert "at no size" not in kl_sentence({"tiny": kls}, [2.0, 4.0]) and "tiny: VL moves" in kl_sentence({"tiny": kls}, [2.0, 4.0])
+    with pytest.raises(ParameterError, match="no condition 'text_only'"):
+        pair_kl(lm, pair, ["text_only"], seqs=seqs)
+    with pytest.raises(ParameterError, match="random control"):
+        pair_kl(lm, _Pair({"base": base, "vl": other}, {"model": "t2"}), ["vl"], [2.0], seqs=seqs)
+    with pytest.raises(ParameterError, match="positive finite"):
+        round_size(0.0)
+
+
+def test_kl_frame_shows_sizes_and_three_digits():
+    from sinklib.adapt.yardstick import kl_frame
+
+    kls = {"vl": {"kl": 0.0030124, "per_seq": [0.0043, 0.0016], "n_tokens": 10},
+           "random": {"kl": 1.8037e-05, "per_seq": [1.9e-05, 1.7e-05], "n_tokens": 10},
+           "random x4": {"kl": 2.8759e-4, "per_seq": [3.0e-4, 2.7e-4], "n_tokens": 10}}
+    t = kl_frame({"m": kls}, [4])
+    assert list(t["size (x VL's norm)"]) == ["-", "1x", "4x"]
+    assert list(t["KL (nats/position)"]) == ["0.00301", "1.8e-05", "0.000288"] and set(t.model) == {"m"}

@@ -100,4 +100,99 @@ def yardstick_rows(kls: Mapping[str, Mapping], sizes: Mapping[str, float] | None
     return rows
 
 
-__all__ = ["next_token_kl", "match_scale", "yardstick_rows"]
+# bump when what `pair_kl` computes changes (its cached values are then recomputed)
+KL_VERSION = 1
+
+
+def pair_kl(lm: Any, pair: Any, conditions: Sequence[str] = ("vl",), scales: Sequence[float] = (), *,
+            seqs: Sequence[Sequence[int]], batch_size: int = 4, refresh: bool = False) -> dict[str, dict]:
+    """`next_token_kl` of a chapter-4 pair: KL(base || condition) for each of `conditions` (states of the pair)
+    and for the random control at each of `scales` times VL's norm (`isolate.scaled_name`: 'random x4'; each
+    scaled state exists only while it is measured), over the token id lists `seqs` (the perplexity suite's
+    held-out documents: `evals.inputs.suite_inputs(tok, 'perplexity', n)`). Each value is cached by the pair's
+    parameters, the condition and the sequences, so a rerun reads no weights. -> {condition: next_token_kl's row}."""
+    from sinklib.adapt.isolate import scaled_name
+    from sinklib.core import cache
+    from sinklib.vl import scaled_change
+
+    seqs = [list(map(int, s)) for s in seqs]
+    tok = getattr(lm, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    pad = pad if pad is not None else (getattr(tok, "eos_token_id", None) or 0)
+    todo = [(c, None) for c in conditions] + [(scaled_name(k), float(k)) for k in scales]
+    for c, k in todo:
+        if k is None and c not in pair.states:
+            raise ParameterError(f"pair_kl: the pair has no condition {c!r} (it has {sorted(pair.states)}); "
+                                 "name one it trained, or give the random control's sizes as scales=")
+    if any(k is not None for _, k in todo) and "random" not in pair.states:
+        raise ParameterError("pair_kl: scales= needs the pair's random control ('random'), which it lacks")
+    out = {}
+    for c, k in todo:
+        def compute(c=c, k=k) -> dict:
+            base = pair.states["base"]
+            state = pair.states[c] if k is None else scaled_change(base, pair.states["random"], k)
+            return next_token_kl(lm.model, {"base": base, c: state}, seqs, batch_size=batch_size, pad_id=pad)[c]
+
+        key = {"kind": "next-token KL", "pair": dict(pair.params), "condition": c, "seqs": cache.key({"s": seqs}),
+               "version": KL_VERSION}
+        out[c] = cache.cached_json(key, compute, refresh=refresh)
+    return out
+
+
+def matched_size(kls: Mapping[str, Mapping], scales: Sequence[float], target: str = "vl") -> float | None:
+    """The random control's size (multiple of VL's norm) at which its KL reaches `target`'s (`match_scale` over
+    `pair_kl`'s 'random xK' rows; 'random' counts as 1x where present); None outside the sizes measured."""
+    from sinklib.adapt.isolate import scaled_name
+
+    sizes = sorted({float(k) for k in scales} | ({1.0} if "random" in kls else set()))
+    sizes = [k for k in sizes if scaled_name(k) in kls]
+    if target not in kls:
+        raise ParameterError(f"matched_size: no KL for {target!r} among {sorted(kls)}")
+    if not sizes:
+        raise ParameterError("matched_size needs the random control's KL at one size at least")
+    return match_scale(sizes, [max(kls[scaled_name(k)]["kl"], 1e-300) for k in sizes], kls[target]["kl"])
+
+
+def round_size(k: float, digits: int = 2) -> float:
+    """`k` to `digits` significant digits (a readable condition name for the KL-matched random control)."""
+    if not (math.isfinite(k) and k > 0):
+        raise ParameterError(f"round_size needs a positive finite size, got {k!r}")
+    return float(f"{k:.{digits}g}")
+
+
+def kl_frame(kls_by: Mapping[str, Mapping[str, Mapping]], scales: Sequence[float]):
+    """`yardstick_rows` of every model as the chapter shows them: one row per model and condition, the random
+    control's size as 'Kx' ('-' for a trained condition), the KLs to three significant digits."""
+    import pandas as pd
+
+    from sinklib.adapt.isolate import scaled_name
+
+    sizes = {scaled_name(k): float(k) for k in [1.0, *scales]}
+    rows = [{"model": m, **r} for m, kls in kls_by.items() for r in yardstick_rows(kls, sizes)]
+    out = pd.DataFrame(rows)
+    out["size"] = [f"{k:g}x" if k == k else "-" for k in out["size"]]
+    for c in ("KL (nats/position)", "per-sequence min", "per-sequence max"):
+        out[c] = [f"{v:.3g}" for v in out[c]]
+    return out.rename(columns={"size": "size (x VL's norm)"})
+
+
+def kl_sentence(kls_by: Mapping[str, Mapping[str, Mapping]], scales: Sequence[float]) -> str:
+    """Per model: VL's KL from the base model, the random control's at the largest size, and the size at which
+    the random control matches VL on this yardstick (or that no size measured does)."""
+    from sinklib.adapt.isolate import scaled_name
+
+    parts = []
+    for m, kls in kls_by.items():
+        k = matched_size(kls, scales)
+        big = max(float(s) for s in scales if scaled_name(s) in kls)
+        text = (f"{m}: VL moves the next-token distribution by {kls['vl']['kl']:.2g} nats per position "
+                f"(KL from the base model), the random control at {big:g}x VL's norm by "
+                f"{kls[scaled_name(big)]['kl']:.2g}; ")
+        text += (f"the random control matches VL on this yardstick at {k:.3g}x VL's norm" if k is not None else
+                 "no size measured matches VL on this yardstick")
+        parts.append(text)
+    return ". ".join(parts)
+
+
+__all__ = ["next_token_kl", "match_scale", "yardstick_rows", "pair_kl", "matched_size", "round_size", "kl_frame",
+           "kl_sentence"]
