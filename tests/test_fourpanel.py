@@ -117,3 +117,21 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     assert fourpanel.primary_sentence(t).startswith("not tested: 2 of 3 pairs pass their preconditions")
     shown = ch11.display(rows.reset_index()).frame
     assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()
+
+
+def test_random_control_matches_vl_on_the_kl_yardstick_and_evaluates_there(tmp_path, monkeypatch):
+    from sinklib.adapt import isolate
+
+    out, seen, snaps, base = _run(tmp_path, monkeypatch, low_memory=False)   # trains the VL snapshot
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    params = fourpanel.panel_params("tiny-llama", "random", RECIPE, 1, image_size=48, stage1_steps=2, batch_size=2,
+                                    lr_projector=0.01, schedule="constant")
+    seqs = [[1, 5, 9, 13, 17, 21], [1, 7, 3, 30, 44]]
+    kw = dict(eval_n={"knowledge": 2}, seed=0, prompts=["a"], sink_kwargs={}, vqa_n=3, eval_batch_size=8)
+    r = fourpanel.random_control(lm, params, base, [2.0, 8.0, 32.0, 128.0], seqs=seqs, **kw)
+    kl = {c: v["kl"] for c, v in r["kl"].items()}
+    assert kl["random"] < kl["vl"] < kl["random x2"]            # this tiny pair: matched between 1x and 2x
+    assert 1.0 < r["matched"] < 2.0 and r["size"] == pytest.approx(r["matched"], rel=0.05)
+    assert r["evaluation"] == {"cond": isolate.scaled_name(r["size"])}
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base().items())

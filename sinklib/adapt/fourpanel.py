@@ -191,6 +191,32 @@ def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
             f"{t['p_min']:.3f}; at the {level:g} level {reach or 'several orderings can reach it'})")
 
 
+def random_control(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], scales: Sequence[float], *,
+                   seqs: Sequence[Sequence[int]], **evaluate_kwargs: Any) -> dict:
+    """The random control of one pair, on the functional yardstick: the norm-matched random direction of its VL
+    snapshot (`vl.random_direction_like`, the pair's seed), its next-token KL from the base model at 1x and at each
+    of `scales` times VL's norm beside VL's own (`yardstick.pair_kl` on the token lists `seqs`, cached), the size
+    whose KL equals VL's (`yardstick.matched_size`, rounded to two digits) and the random control evaluated at that
+    size (`isolate.evaluate_random_scaled`, cached; None when no size measured matches). Holds base, VL and random
+    in memory besides the model: not for the low-memory models. -> {'kl', 'matched', 'size', 'evaluation'}."""
+    from sinklib import vl
+    from sinklib.adapt import dose, isolate, yardstick
+    from sinklib.core import cache
+
+    d = dose.snapshot_dir(params, "vl", params["stage2_steps"])
+    states = LazyStates()
+    states.defer("base", base)
+    states.defer("vl", lambda: cache.load_state(d, lm.model))
+    states.defer("random", lambda: vl.random_direction_like(states["base"], states["vl"], seed=params["seed"]))
+    pair = Pair(params=dict(params), states=states, projector=None, encoder=None)
+    kls = yardstick.pair_kl(lm, pair, ["vl", "random"], scales, seqs=seqs)
+    k = yardstick.matched_size(kls, scales)
+    size = None if k is None else yardstick.round_size(k)
+    ev = None if size is None else isolate.evaluate_random_scaled(lm, pair, [size], **{**evaluate_kwargs,
+                                                                                          "vqa_n": 0})[size]
+    return {"kl": kls, "matched": k, "size": size, "evaluation": ev}
+
+
 def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: bool = False, log=None) -> dict:
     """Every job of `jobs(p['models'], p['seeds'], p['kinds'])` in order (or only the primary test's), each model's
     base evaluation before its first job, one model in memory at a time (`low_memory` for the models of
@@ -284,4 +310,4 @@ CHAPTER11_PARAMS = _params()
 
 __all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "frozen_recipe", "panel_params", "jobs", "checkpointing",
            "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence",
-           "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]
+           "random_control", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]
