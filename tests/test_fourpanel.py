@@ -36,6 +36,7 @@ def test_jobs_run_the_primary_test_first():
     assert j[:2] == [("a", 0, "vl"), ("b", 0, "vl")]
     assert j[2:4] == [("a", 1, "vl"), ("b", 1, "vl")] and j[4:] == [("a", 0, "text_only"), ("b", 0, "text_only"),
                                                                    ("a", 1, "text_only"), ("b", 1, "text_only")]
+    assert fourpanel.jobs(["a", "b"], [0, 1], ["vl"], ["b"])[-1] == ("b", 0, "random")
     with pytest.raises(ParameterError, match="'vl'"):
         fourpanel.jobs(["a"], [0], ["text_only"])
 

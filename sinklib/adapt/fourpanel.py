@@ -63,9 +63,11 @@ def panel_params(name: str, weights: str, recipe: Mapping[str, Any], seed: int, 
                        phrasing=PHRASING, **lora)
 
 
-def jobs(models: Sequence[str], seeds: Sequence[int], kinds: Sequence[str] = KINDS) -> list[tuple[str, int, str]]:
+def jobs(models: Sequence[str], seeds: Sequence[int], kinds: Sequence[str] = KINDS,
+         random_models: Sequence[str] = ()) -> list[tuple[str, int, str]]:
     """(model, seed, kind) in the order the panel runs them: VL at the first seed for every model (with the base
-    evaluations: the primary test), then VL at the other seeds, then each further kind at every seed."""
+    evaluations: the primary test), then VL at the other seeds, then each further kind at every seed, then the
+    random control ('random', `random_control`) at the first seed of each of `random_models`."""
     kinds = [check_choice("kinds[]", k, KINDS) for k in kinds]
     seeds = [check_int("seeds[]", s, 0) for s in seeds]
     if not models or not seeds or "vl" not in kinds:
@@ -73,7 +75,7 @@ def jobs(models: Sequence[str], seeds: Sequence[int], kinds: Sequence[str] = KIN
     out = [(m, seeds[0], "vl") for m in models]
     out += [(m, s, "vl") for s in seeds[1:] for m in models]
     out += [(m, s, k) for k in kinds if k != "vl" for s in seeds for m in models]
-    return out
+    return out + [(m, seeds[0], "random") for m in models if m in random_models]
 
 
 @contextlib.contextmanager
@@ -218,23 +220,25 @@ def random_control(lm: Any, params: Mapping[str, Any], base: Callable[[], dict],
 
 
 def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: bool = False, log=None) -> dict:
-    """Every job of `jobs(p['models'], p['seeds'], p['kinds'])` in order (or only the primary test's), each model's
-    base evaluation before its first job, one model in memory at a time (`low_memory` for the models of
-    p['low_memory_models']). Evaluations use item seed 0 for every training seed, so all are paired on the same
-    items. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind): evaluation}, 'params': {(model, seed):
-    pair parameters}, 'seconds': {(model, seed, kind): seconds}}."""
+    """Every job of `jobs` in order (or only the primary test's), each model's base evaluation before its first
+    job, one model in memory at a time (`low_memory` for the models of p['low_memory_models']; the random control,
+    at p['random_scales'], for the others). Evaluations use item seed 0 for every training seed, so all are paired
+    on the same items. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind): evaluation}, 'random':
+    {model: `random_control`'s result}, 'params': {(model, seed): pair parameters}, 'seconds': {job: seconds}}."""
     import time
 
     from sinklib.adapt.pairs import sink_settings
     from sinklib.core.data import load_prompts
     from sinklib.core.models import load_model
     from sinklib.evals import counts
+    from sinklib.evals.inputs import suite_inputs
 
-    todo = jobs(p["models"], p["seeds"], p["kinds"])
+    randoms = [m for m in p["models"] if m not in p["low_memory_models"]] if p["random_scales"] else []
+    todo = jobs(p["models"], p["seeds"], p["kinds"], randoms)
     if primary_only:
         todo = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
     prompts = load_prompts(p["n_prompts"], seed=0)
-    out: dict = {"base": {}, "evals": {}, "params": {}, "seconds": {}}
+    out: dict = {"base": {}, "evals": {}, "random": {}, "params": {}, "seconds": {}}
     lm = base = None
     for i, (name, seed, kind) in enumerate(todo):
         low = name in p["low_memory_models"]
@@ -244,15 +248,18 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
         pp = panel_params(name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
                           stage1_steps=p["stage1_steps"], batch_size=p["batch_size"],
                           lr_projector=p["lr_projector"], schedule=p["schedule"])
-        if base is None:
-            base = base_source(lm, pp, low_memory=low)
-        kw = dict(eval_n=counts(p), seed=0, prompts=prompts, sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]),
-                  vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"])
+        base = base or base_source(lm, pp, low_memory=low)
+        kw = dict(eval_n=counts(p), seed=0, prompts=prompts, vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"],
+                  sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
         if name not in out["base"]:
             out["base"][name] = run_base(lm, pp, base, low_memory=low, **kw)
         t0 = time.perf_counter()
-        out["evals"][(name, seed, kind)] = run_condition(lm, pp, kind, base, low_memory=low,
-                                                         progress=p["show_progress"], **kw)
+        if kind == "random":
+            out["random"][name] = random_control(lm, pp, base, p["random_scales"], seqs=suite_inputs(
+                lm.tokenizer, "perplexity", p["eval_perplexity"], seed=0), **kw)
+        else:
+            out["evals"][(name, seed, kind)] = run_condition(lm, pp, kind, base, low_memory=low,
+                                                             progress=p["show_progress"], **kw)
         out["seconds"][(name, seed, kind)] = time.perf_counter() - t0
         out["params"][(name, seed)] = pp
         if log:
@@ -296,7 +303,7 @@ def _params() -> dict:
         return lambda name, value: value if value == FROM_CHAPTER10 else check(name, value)
 
     return {**MODEL_PARAMS, "seeds": list_of(integer(0)), "kinds": list_of(choice(KINDS)),
-            "low_memory_models": list_of(text(), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
+            "low_memory_models": list_of(text(), min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
             "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
             "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)),
             "stage2_steps": or_ch10(integer(1, 10**6)), "n_prompts": prompt_count,
