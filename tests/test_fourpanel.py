@@ -136,3 +136,15 @@ def test_random_control_matches_vl_on_the_kl_yardstick_and_evaluates_there(tmp_p
     assert 1.0 < r["matched"] < 2.0 and r["size"] == pytest.approx(r["matched"], rel=0.05)
     assert r["evaluation"] == {"cond": isolate.scaled_name(r["size"])}
     assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base().items())
+
+
+def test_random_rows_pair_the_matched_control_with_base_and_vl():
+    from sinklib.claims import ch11
+
+    panel = {"base": {"a": _ev(30, 30), "b": _ev(30, 30)},
+             "evals": {("a", 0, "vl"): _ev(25, 30), ("b", 0, "vl"): _ev(25, 30)},
+             "random": {"a": {"kl": {"vl": {"kl": 0.01}}, "size": 6.3, "evaluation": _ev(20, 30)}}}
+    t = ch11.random_rows(panel, 0, ["a", "b"]).set_index("model")
+    assert t.loc["a", "KL-matched size"] == 6.3 and t.loc["a", "random minus VL: instructions strict"][0] == pytest.approx(-12.5)
+    assert t.loc["a", "random minus base: instructions strict"][0] == pytest.approx(-25.0)
+    assert t.loc["b", "note"] == "not run: low-memory model" and t.loc["b", "random minus VL: instructions strict"] is None

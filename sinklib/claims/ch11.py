@@ -87,4 +87,27 @@ def primary_of(rows: pd.DataFrame) -> dict:
     return {**t, "of": len(rows)}
 
 
-__all__ = ["METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+
+def random_rows(panel: Mapping[str, Any], first_seed: int, models: list[str]) -> pd.DataFrame:
+    """One row per model of chapter 11's random control: VL's next-token KL from the base model, the size (times
+    VL's norm) at which the random control matches it, and at that size the random control's paired change of the
+    primary metric from base and from the VL model of the first seed ('not run' where the model had no random job:
+    the low-memory models, or no size matched)."""
+    from sinklib.evals.paired import paired_changes
+
+    rows = []
+    for m in models:
+        r = panel.get("random", {}).get(m)
+        row: dict = {"model": m, "VL KL (nats/position)": r["kl"]["vl"]["kl"] if r else float("nan"),
+                     "KL-matched size": r["size"] if r else None}
+        ev = r["evaluation"] if r else None
+        vl_ev = panel["evals"].get((m, first_seed, "vl"))
+        for label, ref in (("random minus base", panel["base"].get(m)), ("random minus VL", vl_ev)):
+            ch = [c for c in paired_changes(ref, ev) if c["metric"] == PRIMARY] if ev and ref else []
+            row[f"{label}: {PRIMARY}"] = (ch[0]["change"], ch[0]["lo"], ch[0]["hi"]) if ch else None
+        row["note"] = ("not run: low-memory model" if r is None else "no size measured matches VL" if ev is None else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+__all__ = ["random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
