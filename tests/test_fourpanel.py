@@ -148,3 +148,26 @@ def test_random_rows_pair_the_matched_control_with_base_and_vl():
     assert t.loc["a", "KL-matched size"] == 6.3 and t.loc["a", "random minus VL: instructions strict"][0] == pytest.approx(-12.5)
     assert t.loc["a", "random minus base: instructions strict"][0] == pytest.approx(-25.0)
     assert t.loc["b", "note"] == "not run: low-memory model" and t.loc["b", "random minus VL: instructions strict"] is None
+
+
+def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
+    """The prepare command runs with the notebook's parameters under the profile: a checkout without chapter 11's
+    notebook is a clear error; one with it gives the profile's values over the notebook's."""
+    import nbformat
+
+    from sinklib.adapt import panelprep
+
+    with pytest.raises(ParameterError, match="11_four_panel.ipynb not found"):
+        panelprep.chapter_params("quick", root=tmp_path)
+    cell = nbformat.v4.new_code_cell('models = ["smollm2-135m"]\ndevice = "auto"\nseeds = [0, 1]\nkinds = ["vl"]\n'
+                                     'low_memory_models = []\nrandom_scales = []\nimage_size = 48\nstage1_steps = 5\n'
+                                     'batch_size = 4\nlr_projector = 0.01\nschedule = "constant"\n'
+                                     'lr_lm = "chapter10"\nstage2_steps = 3\nn_prompts = 4\nlast_k_layers = 10\n'
+                                     'max_tokens = 32\nvqa_n = 16\neval_instructions = 2\neval_math = 2\n'
+                                     'eval_knowledge = 8\neval_perplexity = 2\neval_batch_size = 8\n'
+                                     'show_progress = False\nprofile = "full"',
+                                     metadata={"tags": ["parameters"]})
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), tmp_path / "notebooks" / "11_four_panel.ipynb")
+    p = panelprep.chapter_params("full", root=tmp_path)
+    assert p["seeds"] == [0, 1] and p["lr_lm"] == "chapter10" and p["stage2_steps"] == 3
