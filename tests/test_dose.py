@@ -115,3 +115,18 @@ def test_plot_has_two_rows_per_model():
         evs[("m", c)] = e
     fig = dose.plot(dose.dose_table(evs, [2], stage2_steps=3, last_k=1))
     assert len(fig.axes) == 2 and fig.axes[1].get_xlabel() == "stage-2 step"
+
+
+def test_a_series_can_restore_the_base_from_elsewhere_instead_of_a_copy(cache, monkeypatch):
+    """`restore` (the low-memory path of chapter 11): no copy of the base is taken, the model ends holding what
+    `restore()` returns, and the snapshots are those of the default path."""
+    lm = _lm()
+    base = vl.clone_state_dict(lm.model)
+    calls = []
+    monkeypatch.setattr(vl, "clone_state_dict", lambda m: pytest.fail("copied the base"))
+    dirs = dose.train_series(lm, _params(), "text_only", [3], restore=lambda: calls.append(1) or base)
+    assert calls == [1] and all(torch.equal(lm.model.state_dict()[k], v) for k, v in base.items())
+    monkeypatch.undo()
+    again = sk_cache.load_state(dirs[3], lm.model)
+    pair = pairs.build_pair(lm, _params(), progress=False)
+    assert all(torch.equal(again[k], pair.states["text_only"][k]) for k in again)

@@ -45,18 +45,19 @@ def check_steps(params: Mapping[str, Any], steps: Sequence[int]) -> list[int]:
 
 
 def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[int], *,
-                 progress: bool = False) -> dict[int, Path]:
+                 progress: bool = False, restore: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> dict[int, Path]:
     """Retrain the pair's `kind` condition ('vl' or 'text_only') from `lm.model`'s (base) weights with the
     pair's recipe and seed, saving the LM (and the VL projector) after each stage-2 step in `steps`; returns
     {step: checkpoint folder}. Cached: nothing is trained when every snapshot exists. `lm.model` ends holding
-    the base weights again."""
+    the base weights again: a copy taken before training, or what `restore()` returns (a model too large for a
+    second copy in memory reads its base weights back from disk, `fourpanel.base_source`)."""
     kind = check_choice("kind", kind, KINDS)
     steps = check_steps(params, steps)
     dirs = {s: snapshot_dir(params, kind, s) for s in steps}
     if all(cache.checkpoint_exists(d) for d in dirs.values()):
         return dirs
     model, tok = lm.model, lm.tokenizer
-    base_sd = vl.clone_state_dict(model)
+    base_sd = vl.clone_state_dict(model) if restore is None else None
     offset = params["stage1_steps"] if kind == "vl" else 0
 
     def snap(step: int, model: torch.nn.Module, stage: str = "", projector: Any = None, encoder: Any = None) -> None:
@@ -76,7 +77,7 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
         else:
             vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
     finally:
-        model.load_state_dict(base_sd, strict=True)
+        model.load_state_dict(base_sd if restore is None else restore(), strict=True)
         model.eval()
     return dirs
 

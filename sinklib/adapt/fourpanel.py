@@ -145,7 +145,7 @@ def run_condition(lm: Any, params: Mapping[str, Any], kind: str, base: Callable[
     if hit is not None:
         return hit
     with checkpointing(lm.model, low_memory):
-        d = dose.train_series(lm, params, kind, [step], progress=progress)[step]
+        d = dose.train_series(lm, params, kind, [step], progress=progress, restore=base if low_memory else None)[step]
     ck = vl.load_checkpoint(d, lm.model, weights=False)
     states = _pair(params, base, streamed=low_memory, **{name: lambda: cache.load_state(d, lm.model)})
     pair = Pair(params=dict(params), states=states, projector=ck.projector if kind == "vl" else None,
