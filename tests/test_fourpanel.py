@@ -116,6 +116,9 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     t = ch11.primary_of(rows.reset_index())
     assert t["models"] == ["a", "b"] and t["n"] == 2 and t["of"] == 3
     assert fourpanel.primary_sentence(t).startswith("not tested: 2 of 3 pairs pass their preconditions")
+    pr = ch11.panel_rows(rows.reset_index(), {"a": "none", "b": "per_head", "c": "none"})
+    assert [r["llm"] for r in pr] == ["a", "b"] and pr[0]["source"] == "measured: notebook 11"
+    assert pr[0]["delta_instructions_strict"] == pytest.approx(rows.loc["a", "VL: instructions strict"].v)
     shown = ch11.display(rows.reset_index()).frame
     assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()
 

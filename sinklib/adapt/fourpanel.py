@@ -224,7 +224,8 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
     job, one model in memory at a time (`low_memory` for the models of p['low_memory_models']; the random control,
     at p['random_scales'], for the others). Evaluations use item seed 0 for every training seed, so all are paired
     on the same items. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind): evaluation}, 'random':
-    {model: `random_control`'s result}, 'params': {(model, seed): pair parameters}, 'seconds': {job: seconds}}."""
+    {model: `random_control`'s result}, 'params': {(model, seed): pair parameters}, 'seconds': {job: seconds},
+    'qk_norm': {model: its QK-norm type}}."""
     import time
 
     from sinklib.adapt.pairs import sink_settings
@@ -238,7 +239,7 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
     if primary_only:
         todo = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
     prompts = load_prompts(p["n_prompts"], seed=0)
-    out: dict = {"base": {}, "evals": {}, "random": {}, "params": {}, "seconds": {}}
+    out: dict = {"base": {}, "evals": {}, "random": {}, "params": {}, "seconds": {}, "qk_norm": {}}
     lm = base = None
     for i, (name, seed, kind) in enumerate(todo):
         low = name in p["low_memory_models"]
@@ -253,6 +254,7 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
                   sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
         if name not in out["base"]:
             out["base"][name] = run_base(lm, pp, base, low_memory=low, **kw)
+            out["qk_norm"][name] = lm.qk_norm
         t0 = time.perf_counter()
         if kind == "random":
             out["random"][name] = random_control(lm, pp, base, p["random_scales"], seqs=suite_inputs(

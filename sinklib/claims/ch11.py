@@ -110,4 +110,20 @@ def random_rows(panel: Mapping[str, Any], first_seed: int, models: list[str]) ->
     return pd.DataFrame(rows)
 
 
-__all__ = ["random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+
+def panel_rows(rows: pd.DataFrame, qk_norm: Mapping[str, str]) -> list[dict]:
+    """Chapter 11's pairs as chapter 5's panel reads them (`adapt.scores.panel_row`, the schema of chapter 4's rows):
+    base S, QK-norm type and each metric's VL change pooled over the training seeds, named as chapter 11's, for the
+    pairs whose precondition holds."""
+    from sinklib.adapt.scores import panel_row
+
+    out = []
+    for _, r in rows[rows.precondition].iterrows():
+        row = panel_row(r.model, r.S, qk_norm[r.model], {m: r[f"VL: {m}"].v for m in METRICS if r[f"VL: {m}"] is not None})
+        row.update({"pair": f"{r.model}+VL through LoRA (this book, ch. 11)",
+                    "vlm": f"{r.model} adapted through LoRA by sinklib.vl", "source": "measured: notebook 11"})
+        out.append(row)
+    return out
+
+
+__all__ = ["panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
