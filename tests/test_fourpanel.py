@@ -123,16 +123,22 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()
 
 
-def test_random_control_matches_vl_on_the_kl_yardstick_and_evaluates_there(tmp_path, monkeypatch):
-    from sinklib.adapt import isolate
 
-    out, seen, snaps, base = _run(tmp_path, monkeypatch, low_memory=False)   # trains the VL snapshot
+def _random_setup():
+    """A fresh tiny model, the pair parameters `_run` trained, two token lists and the evaluation arguments."""
     lm = tiny_model("llama", seed=0)
     lm.tokenizer = TOK
     params = fourpanel.panel_params("tiny-llama", "random", RECIPE, 1, image_size=48, stage1_steps=2, batch_size=2,
                                     lr_projector=0.01, schedule="constant")
-    seqs = [[1, 5, 9, 13, 17, 21], [1, 7, 3, 30, 44]]
     kw = dict(eval_n={"knowledge": 2}, seed=0, prompts=["a"], sink_kwargs={}, vqa_n=3, eval_batch_size=8)
+    return lm, params, [[1, 5, 9, 13, 17, 21], [1, 7, 3, 30, 44]], kw
+
+
+def test_random_control_matches_vl_on_the_kl_yardstick_and_evaluates_there(tmp_path, monkeypatch):
+    from sinklib.adapt import isolate
+
+    out, seen, snaps, base = _run(tmp_path, monkeypatch, low_memory=False)   # trains the VL snapshot
+    lm, params, seqs, kw = _random_setup()
     r = fourpanel.random_control(lm, params, base, [2.0, 8.0, 32.0, 128.0], seqs=seqs, **kw)
     kl = {c: v["kl"] for c, v in r["kl"].items()}
     assert kl["random"] < kl["vl"] < kl["random x2"]            # this tiny pair: matched between 1x and 2x
@@ -150,7 +156,7 @@ def test_random_rows_pair_the_matched_control_with_base_and_vl():
     t = ch11.random_rows(panel, 0, ["a", "b"]).set_index("model")
     assert t.loc["a", "KL-matched size"] == 6.3 and t.loc["a", "random minus VL: instructions strict"][0] == pytest.approx(-12.5)
     assert t.loc["a", "random minus base: instructions strict"][0] == pytest.approx(-25.0)
-    assert t.loc["b", "note"] == "not run: low-memory model" and t.loc["b", "random minus VL: instructions strict"] is None
+    assert t.loc["b", "note"] == "not run in this run" and t.loc["b", "random minus VL: instructions strict"] is None
 
 
 def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
@@ -174,3 +180,65 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), tmp_path / "notebooks" / "11_four_panel.ipynb")
     p = panelprep.chapter_params("full", root=tmp_path)
     assert p["seeds"] == [0, 1] and p["lr_lm"] == "chapter10" and p["stage2_steps"] == 3
+
+
+def test_the_random_control_made_in_place_is_random_direction_likes(tmp_path, monkeypatch):
+    """sinklib.adapt.inplace: at size 1 the in-place control equals `vl.random_direction_like` exactly, its KLs
+    match `yardstick.next_token_kl`, and chapter 11's low-memory random control agrees with the in-memory one."""
+    from sinklib.adapt import inplace, isolate
+    from sinklib.adapt.yardstick import next_token_kl
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    base = vl.clone_state_dict(lm.model)
+    g = torch.Generator().manual_seed(3)
+    adapted = {k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in base.items()}
+    for name, sd in (("b", base), ("a", adapted)):
+        lm.model.load_state_dict(sd)
+        sk_cache.save_checkpoint(tmp_path / name, lm.model)
+    norms = inplace.change_norms(tmp_path / "b", tmp_path / "a")
+    lm.model.load_state_dict(base)
+    inplace.add_random(lm.model, norms, seed=5)
+    want = vl.random_direction_like(base, adapted, seed=5)
+    assert all(torch.equal(lm.model.state_dict()[k], want[k]) for k in want)
+    seqs = [[1, 5, 9, 13, 17, 21], [1, 7, 3, 30, 44]]
+    ref = lambda: lm.model.load_state_dict(base)  # noqa: E731
+
+    def twice():
+        ref()
+        inplace.add_random(lm.model, norms, seed=5, scale=2.0)
+
+    got = inplace.kl_in_place(lm.model, seqs, {"a": lambda: lm.model.load_state_dict(adapted), "r2": twice},
+                              reference=ref, batch_size=1)
+    exp = next_token_kl(lm.model, {"base": base, "a": adapted, "r2": vl.scaled_change(base, want, 2.0)}, seqs)
+    for n in ("a", "r2"):
+        assert got[n]["kl"] == pytest.approx(exp[n]["kl"], rel=1e-4) and got[n]["n_tokens"] == exp[n]["n_tokens"]
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base.items())   # left holding the reference
+    with pytest.raises(ParameterError, match="different tensors"):
+        (tmp_path / "c").mkdir()
+        from safetensors.torch import save_file
+        save_file({"x": torch.zeros(2)}, str(tmp_path / "c" / "model.safetensors"))
+        inplace.change_norms(tmp_path / "b", tmp_path / "c")
+
+
+def test_chapter_11s_low_memory_random_control_agrees_with_the_in_memory_one(tmp_path, monkeypatch):
+    from sinklib.adapt import isolate
+
+    out, seen, snaps, base = _run(tmp_path, monkeypatch, low_memory=True)   # trains the VL snapshot, saves the base
+    lm, params, seqs, kw = _random_setup()
+    seen_kw = []
+    real = pairs.evaluate_condition
+
+    def spy(lm_, pair, cond, **k):
+        seen_kw.append((cond, k.get("key_extra"), k["vqa_n"]))
+        return real.__wrapped__(lm_, pair, cond, **k) if hasattr(real, "__wrapped__") else {"cond": cond}
+
+    monkeypatch.setattr(pairs, "evaluate_condition", spy)
+    low = fourpanel.random_control_low(lm, params, base, [2.0, 8.0], seqs=seqs, **kw)
+    mem_base = fourpanel.base_source(lm, params, low_memory=False)
+    mem = fourpanel.random_control(lm, params, mem_base, [2.0, 8.0], seqs=seqs, **kw)
+    for n in ("vl", "random", "random x2", "random x8"):
+        assert low["kl"][n]["kl"] == pytest.approx(mem["kl"][n]["kl"], rel=1e-3)
+    assert low["size"] == mem["size"] and 1.0 < low["matched"] < 2.0
+    assert seen_kw[0] == (isolate.scaled_name(low["size"]), {"random": "in place"}, 0)
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base().items())

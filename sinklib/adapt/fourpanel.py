@@ -105,6 +105,14 @@ class Streamed(LazyStates):
         return self._data[condition].make() if not self.ready(condition) else self._data[condition]
 
 
+def base_dir(params: Mapping[str, Any]):
+    """The cache folder of the low-memory mode's checkpoint of a model's base weights (by the model and its weights)."""
+    from sinklib.core import cache
+
+    return cache.checkpoint_dir(cache.key({"kind": "base weights", "model": params["model"],
+                                           "weights": params.get("weights", "")}))
+
+
 def base_source(lm: Any, params: Mapping[str, Any], *, low_memory: bool = False) -> Callable[[], dict]:
     """A function that returns the base LM's state: a copy made now and kept, or (low_memory) a checkpoint of the
     base weights saved once in the cache under the model and its weights and read back on every call."""
@@ -114,8 +122,7 @@ def base_source(lm: Any, params: Mapping[str, Any], *, low_memory: bool = False)
     if not low_memory:
         kept = vl.clone_state_dict(lm.model)
         return lambda: kept
-    d = cache.checkpoint_dir(cache.key({"kind": "base weights", "model": params["model"],
-                                        "weights": params.get("weights", "")}))
+    d = base_dir(params)
     if not cache.checkpoint_exists(d):
         cache.save_checkpoint(d, lm.model, meta={"kind": "base weights", "model": params["model"]})
     return lambda: cache.load_state(d, lm.model)
@@ -219,10 +226,53 @@ def random_control(lm: Any, params: Mapping[str, Any], base: Callable[[], dict],
     return {"kl": kls, "matched": k, "size": size, "evaluation": ev}
 
 
+def random_control_low(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], scales: Sequence[float], *,
+                       seqs: Sequence[Sequence[int]], **evaluate_kwargs: Any) -> dict:
+    """`random_control` for a low-memory model: the random direction made inside the model (`sinklib.adapt.inplace`:
+    the change norms read from the base and VL checkpoints, the direction added in place), the KLs against the
+    base's log-probabilities computed once, all cached under their own keys ('in place'), and the evaluation at the
+    KL-matched size with the state made in place. -> the same dict as `random_control`."""
+    from sinklib.adapt import dose, inplace, isolate, yardstick
+    from sinklib.adapt.pairs import evaluate_condition
+    from sinklib.core import cache
+
+    model, vl_dir = lm.model, dose.snapshot_dir(params, "vl", params["stage2_steps"])
+    norms: dict = {}
+
+    def randomised(k: float) -> Callable[[], dict]:
+        def make() -> dict:
+            norms.update(norms or inplace.change_norms(base_dir(params), vl_dir))
+            model.load_state_dict(base(), strict=True)
+            inplace.add_random(model, norms, params["seed"], k)
+            return model.state_dict()
+        return make
+
+    sizes = {isolate.scaled_name(k): float(k) for k in [1.0, *scales]}
+    makers = {"vl": lambda: model.load_state_dict(cache.load_state(vl_dir, model), strict=True),
+              **{n: randomised(k) for n, k in sizes.items()}}
+    seq_key = cache.key({"s": [list(map(int, q)) for q in seqs]})
+    keys = {n: {"kind": "next-token KL", "pair": dict(params), "condition": n, "seqs": seq_key,
+                "version": yardstick.KL_VERSION, "method": "in place"} for n in makers}
+    todo = {n: m for n, m in makers.items() if not (cache.root() / "evals" / f"{cache.key(keys[n])}.json").exists()}
+    new = inplace.kl_in_place(model, seqs, todo, reference=lambda: model.load_state_dict(base(), strict=True)) if todo else {}
+    kls = {n: cache.cached_json(keys[n], lambda n=n: new[n]) for n in makers}  # the base's log-probabilities once
+    k = yardstick.matched_size(kls, scales)
+    size = None if k is None else yardstick.round_size(k)
+    ev = None
+    if size is not None:
+        name = isolate.scaled_name(size)
+        states = Streamed()
+        states.defer("base", base)
+        states.defer(name, randomised(size))
+        ev = evaluate_condition(lm, Pair(params=dict(params), states=states, projector=None, encoder=None), name,
+                                **{**evaluate_kwargs, "vqa_n": 0, "key_extra": {"random": "in place"}})
+    return {"kl": kls, "matched": k, "size": size, "evaluation": ev}
+
+
 def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: bool = False, log=None) -> dict:
     """Every job of `jobs` in order (or only the primary test's), each model's base evaluation before its first
-    job, one model in memory at a time (`low_memory` for the models of p['low_memory_models']; the random control,
-    at p['random_scales'], for the others). Evaluations use item seed 0 for every training seed, so all are paired
+    job, one model in memory at a time (`low_memory` for the models of p['low_memory_models'], whose random control
+    is made in place: `random_control_low`). Evaluations use item seed 0 for every training seed, so all are paired
     on the same items. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind): evaluation}, 'random':
     {model: `random_control`'s result}, 'params': {(model, seed): pair parameters}, 'seconds': {job: seconds},
     'qk_norm': {model: its QK-norm type}}."""
@@ -234,7 +284,7 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
     from sinklib.evals import counts
     from sinklib.evals.inputs import suite_inputs
 
-    randoms = [m for m in p["models"] if m not in p["low_memory_models"]] if p["random_scales"] else []
+    randoms = list(p["models"]) if p["random_scales"] else []
     todo = jobs(p["models"], p["seeds"], p["kinds"], randoms)
     if primary_only:
         todo = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
@@ -257,7 +307,7 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
             out["qk_norm"][name] = lm.qk_norm
         t0 = time.perf_counter()
         if kind == "random":
-            out["random"][name] = random_control(lm, pp, base, p["random_scales"], seqs=suite_inputs(
+            out["random"][name] = (random_control_low if low else random_control)(lm, pp, base, p["random_scales"], seqs=suite_inputs(
                 lm.tokenizer, "perplexity", p["eval_perplexity"], seed=0), **kw)
         else:
             out["evals"][(name, seed, kind)] = run_condition(lm, pp, kind, base, low_memory=low,
@@ -319,4 +369,4 @@ CHAPTER11_PARAMS = _params()
 
 __all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "frozen_recipe", "panel_params", "jobs", "checkpointing",
            "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence",
-           "random_control", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]
+           "random_control", "random_control_low", "base_dir", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]

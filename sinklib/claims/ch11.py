@@ -91,8 +91,8 @@ def primary_of(rows: pd.DataFrame) -> dict:
 def random_rows(panel: Mapping[str, Any], first_seed: int, models: list[str]) -> pd.DataFrame:
     """One row per model of chapter 11's random control: VL's next-token KL from the base model, the size (times
     VL's norm) at which the random control matches it, and at that size the random control's paired change of the
-    primary metric from base and from the VL model of the first seed ('not run' where the model had no random job:
-    the low-memory models, or no size matched)."""
+    primary metric from base and from the VL model of the first seed ('not run in this run' where the model had no
+    random job, 'no size measured matches VL' where none matched)."""
     from sinklib.evals.paired import paired_changes
 
     rows = []
@@ -105,7 +105,7 @@ def random_rows(panel: Mapping[str, Any], first_seed: int, models: list[str]) ->
         for label, ref in (("random minus base", panel["base"].get(m)), ("random minus VL", vl_ev)):
             ch = [c for c in paired_changes(ref, ev) if c["metric"] == PRIMARY] if ev and ref else []
             row[f"{label}: {PRIMARY}"] = (ch[0]["change"], ch[0]["lo"], ch[0]["hi"]) if ch else None
-        row["note"] = ("not run: low-memory model" if r is None else "no size measured matches VL" if ev is None else "")
+        row["note"] = ("not run in this run" if r is None else "no size measured matches VL" if ev is None else "")
         rows.append(row)
     return pd.DataFrame(rows)
 
