@@ -33,7 +33,7 @@ def test_rule_needs_learned_task_format_loss_and_knowledge_held():
     assert t.loc[(t.lr_lm == 5e-4) & (t.steps == 60), "instructions strict"].item() == pytest.approx(-50.0)
     assert calibrate.choose(t) == {"lr_lm": 5e-4, "stage2_steps": 60}
     s = calibrate.sentence(t, "m")
-    assert "the frozen recipe is rate 0.0005 for 60 stage-2 steps" in s and "fell beyond the noise" in s
+    assert "the frozen recipe is rate 5e-4 for 60 stage-2 steps" in s and "fell beyond the noise" in s
 
 
 def test_choice_prefers_fewer_steps_then_lower_rate_and_none_is_said():
@@ -104,10 +104,10 @@ def test_method_check_says_whether_the_verdict_changed():
     lora_same = calibrate.table(_res([(5e-4, 60, _ev(40, 40)), (2e-3, 60, _ev(12, 40))]), seed=0, image_size=48)
     lora_none = calibrate.table(_res([(5e-4, 60, _ev(40, 40)), (2e-3, 60, _ev(12, 5))]), seed=0, image_size=48)
     s = calibrate.method_check(full, lora_same, "m", "LoRA rank 16")
-    assert "with the full fine-tune a point qualified (1 of 2)" in s and "does not change" in s
-    assert "LoRA recipe frozen for a model too large for a full fine-tune is rate 0.002 for 60" in s
+    assert "with the full fine-tune 1 of 2 points qualified" in s and "does not change" in s
+    assert "LoRA recipe frozen for a model too large for a full fine-tune is rate 2e-3 for 60" in s
     s = calibrate.method_check(full, lora_none, "m", "LoRA rank 16")
-    assert "with LoRA rank 16 no point qualified (0 of 2)" in s and "changes this model's verdict" in s
+    assert "with LoRA rank 16 0 of 2 points qualified" in s and "changes whether some dose qualifies" in s
     assert "recipe" not in s
     rule, _ = calibrate.display(lora_same, "LoRA sweep")
     assert rule.legend.startswith("LoRA sweep, the rule's columns")
@@ -150,13 +150,20 @@ def test_point_sentence_gives_every_measured_change_with_its_interval():
     t = calibrate.table(_res([(2e-3, 60, _ev(10, 40, S=0.9)), (5e-4, 60, _ev(40, 40)), (2e-3, 120, _ev(12, 40))]),
                         seed=0, image_size=48)
     s = calibrate.point_sentence(t[(t.lr_lm == 2e-3) & (t.steps == 60)].iloc[0])
-    assert s.startswith("rate 0.002 for 60 steps: VQA 90.0 % (majority")
-    assert "instructions strict -50.0 [" in s and "knowledge +0.0 [" in s and "perplexity +0.0 [" in s
+    assert s.startswith("rate 2e-3 for 60 steps: VQA 90.0 % (majority")
+    assert "instructions strict -50.0 [" in s and "knowledge 0.0 [" in s and "perplexity 0.00 [" in s
     assert s.endswith("S 0.900 (base 0.500)") and "lenient" in s and "instructions lenient" not in s
     no_vqa = calibrate.table(_res([(2e-3, 60, _ev(10, 40, vqa=None))]), seed=0, image_size=48)
     assert "VQA not measured" in calibrate.point_sentence(no_vqa.iloc[0])
     at = calibrate.points_at(t, 2e-3)
-    assert at.count("rate 0.002") == 2 and "rate 0.0005" not in at
-    assert calibrate.points_at(t, frozen=True).startswith("rate 0.002 for 60 steps")   # fewest steps, then lowest rate
+    assert at.count("rate 2e-3") == 2 and "rate 5e-4" not in at
+    assert calibrate.points_at(t, frozen=True).startswith("rate 2e-3 for 60 steps")   # fewest steps, then lowest rate
     flat = calibrate.table(_res([(5e-4, 60, _ev(40, 40))]), seed=0, image_size=48)
     assert calibrate.points_at(flat, frozen=True) == "" and calibrate.points_at(flat, 1e-3) == ""
+
+
+def test_rates_and_zeros_are_written_as_the_text_writes_them():
+    assert [calibrate.rate(x) for x in (5e-5, 0.0005, 0.002, 2.5e-4, 1e-5)] == ["5e-5", "5e-4", "2e-3", "2.5e-4", "1e-5"]
+    assert calibrate._cell({"m": -0.04, "m lo": -0.4, "m hi": 0.3}, "m") == "0.0 [-0.4, +0.3]"
+    assert calibrate._cell({"perplexity ppl": 0.042, "perplexity ppl lo": -0.047, "perplexity ppl hi": 0.13},
+                           "perplexity ppl") == "+0.04 [-0.05, +0.13]"

@@ -143,8 +143,20 @@ def choose(t: pd.DataFrame) -> dict | None:
     return {"lr_lm": float(r.lr_lm), "stage2_steps": int(r.steps)}
 
 
+def rate(x: float) -> str:
+    """A learning rate as the text writes it: 5e-5, 5e-4, 2e-3, 2.5e-4."""
+    m, e = f"{float(x):.6e}".split("e")
+    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
+
+
+def _num(v: float, d: int) -> str:
+    s = f"{v:+.{d}f}"
+    return f"{0:.{d}f}" if float(s) == 0 else s  # no signed zeros
+
+
 def _cell(r: Mapping[str, Any], metric: str) -> str:
-    return f"{r[metric]:+.1f} [{r[metric + ' lo']:+.1f}, {r[metric + ' hi']:+.1f}]"
+    d = 2 if metric.startswith("perplexity") else 1  # perplexity moves by hundredths under LoRA
+    return f"{_num(r[metric], d)} [{_num(r[metric + ' lo'], d)}, {_num(r[metric + ' hi'], d)}]"
 
 
 def sentence(t: pd.DataFrame, model: str) -> str:
@@ -152,7 +164,7 @@ def sentence(t: pd.DataFrame, model: str) -> str:
     that no point qualified, with the numbers."""
     learned = t[t.learned]
     lost = t[t[f"{PRIMARY} hi"] < 0]
-    name = lambda r: f"rate {r.lr_lm:g} for {int(r.steps)} steps"  # noqa: E731
+    name = lambda r: f"rate {rate(r.lr_lm)} for {int(r.steps)} steps"  # noqa: E731
     parts = [f"{model}: {len(learned)} of {len(t)} points learned the image task"]
     if lost.empty:
         worst = t.loc[t[PRIMARY].idxmin()]
@@ -164,7 +176,7 @@ def sentence(t: pd.DataFrame, model: str) -> str:
             for _, r in lost.iterrows()))
     c = choose(t)
     parts.append("no point met all three conditions of the rule, so no recipe is frozen" if c is None else
-                 f"the frozen recipe is rate {c['lr_lm']:g} for {c['stage2_steps']} stage-2 steps")
+                 f"the frozen recipe is rate {rate(c['lr_lm'])} for {c['stage2_steps']} stage-2 steps")
     return "; ".join(parts) + "."
 
 
@@ -179,7 +191,7 @@ def point_sentence(r: Mapping[str, Any], metrics: Sequence[str] = POINT_METRICS)
     vqa = r.get("VQA")
     vqa = f"VQA {vqa:.1f} % (majority {r['majority']:.0f} %)" if vqa is not None and vqa == vqa else "VQA not measured"
     cells = ", ".join(f"{m.replace(' acc', '').replace(' ppl', '')} {_cell(r, m)}" for m in metrics if f"{m} lo" in r)
-    return f"rate {r['lr_lm']:g} for {int(r['steps'])} steps: {vqa}, {cells}, S {r['S']:.3f} (base {r['S base']:.3f})"
+    return f"rate {rate(r['lr_lm'])} for {int(r['steps'])} steps: {vqa}, {cells}, S {r['S']:.3f} (base {r['S base']:.3f})"
 
 
 def points_at(t: pd.DataFrame, lr_lm: float | None = None, frozen: bool = False) -> str:
@@ -198,15 +210,14 @@ def method_check(full: pd.DataFrame, lora: pd.DataFrame, model: str, method: str
     instead of every weight change the model's verdict under `RULE` (some point of the grid qualifies, or none
     does)? With the LoRA recipe that a model too large for a full fine-tune would use."""
     verdict = lambda t: choose(t) is not None  # noqa: E731
-    said = lambda t: ("a point qualified" if verdict(t) else "no point qualified")  # noqa: E731
+    said = lambda t: f"{int(t.qualifies.sum())} of {len(t)} points qualified"  # noqa: E731
     c = choose(lora)
     same = verdict(full) == verdict(lora)
     recipe = ("" if c is None else
-              f"; the LoRA recipe frozen for a model too large for a full fine-tune is rate {c['lr_lm']:g} for "
+              f"; the LoRA recipe frozen for a model too large for a full fine-tune is rate {rate(c['lr_lm'])} for "
               f"{c['stage2_steps']} stage-2 steps")
-    return (f"{model}: with the full fine-tune {said(full)} ({int(full.qualifies.sum())} of {len(full)}), with "
-            f"{method} {said(lora)} ({int(lora.qualifies.sum())} of {len(lora)}), so the method "
-            f"{'does not change' if same else 'changes'} this model's verdict{recipe}.")
+    return (f"{model}: with the full fine-tune {said(full)}, with {method} {said(lora)}, so the method "
+            f"{'does not change' if same else 'changes'} whether some dose qualifies{recipe}.")
 
 
 def display(t: pd.DataFrame, what: str = "Calibration sweep"):
@@ -214,7 +225,7 @@ def display(t: pd.DataFrame, what: str = "Calibration sweep"):
     column; `what` opens both captions (for example the LoRA sweep of section 10.4)."""
     from sinklib.plots import Table
 
-    rows = [{"stage-2 rate": f"{r.lr_lm:g}", "stage-2 steps": int(r.steps),
+    rows = [{"stage-2 rate": rate(r.lr_lm), "stage-2 steps": int(r.steps),
              "VQA % [95 %]": f"{r.VQA:.1f} [{r['VQA lo']:.1f}, {r['VQA hi']:.1f}]" if r.VQA == r.VQA else "-",
              "majority %": round(r.majority, 1) if "majority" in r and r.majority == r.majority else "-",
              "learned": "yes" if r.learned else "no",
@@ -245,7 +256,7 @@ def figure(t: pd.DataFrame, model: str):
         for i, (lr, g) in enumerate(t.groupby("lr_lm", sort=True)):
             g = g.sort_values("steps")
             ax.errorbar(g.steps + span * (i - 0.5) * 0.03, g[m], yerr=[g[m] - g[m + " lo"], g[m + " hi"] - g[m]],
-                        marker="o", capsize=3, label=f"rate {lr:g}")
+                        marker="o", capsize=3, label=f"rate {rate(lr)}")
         ax.axhline(0, color="grey", ls=":", lw=1)
         ax.set_xticks(sorted(set(t.steps)))
         ax.set_title(title)
