@@ -261,9 +261,14 @@ def figure(t: pd.DataFrame, model: str):
         ax.set_xticks(sorted(set(t.steps)))
         ax.set_title(title)
         ax.set_xlabel("stage-2 steps")
-    axes[0].set_ylabel(f"{model}: change from base (pt)")
-    axes[-1].legend()
-    fig.tight_layout()
+    axes[0].set_ylabel("change from base (points)")
+    fig.suptitle(model)
+    for ax in axes:  # room beside the outermost points
+        lo, hi = ax.get_xlim()
+        ax.set_xlim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))  # the legend under the panels, clear of every point; the model above
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
     return fig
 
 
