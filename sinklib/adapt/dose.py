@@ -48,12 +48,18 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
                  progress: bool = False, restore: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> dict[int, Path]:
     """Retrain the pair's `kind` condition ('vl' or 'text_only') from `lm.model`'s (base) weights with the
     pair's recipe and seed, saving the LM (and the VL projector) after each stage-2 step in `steps`; returns
-    {step: checkpoint folder}. Cached: nothing is trained when every snapshot exists. `lm.model` ends holding
+    {step: checkpoint folder}. Cached: nothing is trained when every snapshot exists. With LoRA the last step's
+    snapshot also gets its record (`sinklib.adapt.adapters`), from which a later call rebuilds it, on any machine
+    whose cache holds the record, instead of training again. `lm.model` ends holding
     the base weights again: a copy taken before training, or what `restore()` returns (a model too large for a
     second copy in memory reads its base weights back from disk, `fourpanel.base_source`)."""
+    from sinklib.adapt import adapters
+
     kind = check_choice("kind", kind, KINDS)
     steps = check_steps(params, steps)
     dirs = {s: snapshot_dir(params, kind, s) for s in steps}
+    for d in dirs.values():  # a LoRA snapshot carried from another machine as its record (`adapters`)
+        adapters.rebuild(d, lm.model)
     if all(cache.checkpoint_exists(d) for d in dirs.values()):
         return dirs
     model, tok = lm.model, lm.tokenizer
@@ -71,11 +77,14 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
                   phrasing=params.get("phrasing", "question"), **vl.lm_method_of(params).params())
     try:
         if kind == "vl":
-            vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
-                        lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
-                        lr_projector_stage2=params.get("lr_projector_stage2"), **common)
+            res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
+                              lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
+                              lr_projector_stage2=params.get("lr_projector_stage2"), **common)
         else:
-            vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
+            res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
+        last = params["stage2_steps"]
+        if res.adapters and last in dirs:  # the merged model is in `model` now: keep the snapshot's record
+            adapters.save_record(dirs[last], res.adapters, vl.lm_method_of(params).scale, model)
     finally:
         model.load_state_dict(base_sd if restore is None else restore(), strict=True)
         model.eval()

@@ -17,6 +17,8 @@ with a ``.tmp`` file, a file changed in the last ``--settle`` seconds, or weight
 (written last). `import` copies into the cache the entries it lacks, after checking every file against the
 manifest; an entry that exists is left alone (a file there with other content is reported, never overwritten).
 The keys are hashes of the parameters, so an imported entry is read only by a run with the same parameters.
+The records of LoRA snapshots (``adapters/``, 20-75 MB each: `sinklib.adapt.adapters`) rebuild their checkpoints
+without training; carry them with ``--max-mb 100``.
 """
 from __future__ import annotations
 

@@ -200,11 +200,34 @@ def plain_view(model: nn.Module) -> Iterator[nn.Module]:
             setattr(parent, attr, w)
 
 
+@torch.no_grad()
+def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """{'<module>.lora_A': A, '<module>.lora_B': B} of every `LoRALinear` in `model`, copied to the CPU, where
+    '<module>' is the name of the linear layer the adapter wraps (its merged weight is '<module>.weight')."""
+    return {f"{n}.{p}": getattr(m, p).detach().cpu().clone() for n, m in model.named_modules()
+            if isinstance(m, LoRALinear) for p in ("lora_A", "lora_B")}
+
+
+@torch.no_grad()
+def merged_weights(model: nn.Module, adapters: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """{'<module>.weight': base weight + scale * B @ A} for every adapter pair of `adapters` (`adapter_tensors`),
+    the base weights read from `model` (plain, no adapters attached): new tensors, the same arithmetic as
+    `merge` (and so the same floats on the same machine); `model` is not changed."""
+    out = {}
+    for name in sorted({k.rsplit(".", 1)[0] for k in adapters}):
+        w = model.get_submodule(name).weight
+        a, b = (adapters[f"{name}.{p}"].to(device=w.device, dtype=w.dtype) for p in ("lora_A", "lora_B"))
+        out[f"{name}.weight"] = w.detach() + scale * (b @ a)
+    return out
+
+
 @contextlib.contextmanager
-def adapted(model: nn.Module, method: LMMethod, seed: int = 0) -> Iterator[list[nn.Parameter]]:
+def adapted(model: nn.Module, method: LMMethod, seed: int = 0,
+            keep: dict[str, torch.Tensor] | None = None) -> Iterator[list[nn.Parameter]]:
     """Inside: the LM parameters to train with `method`. 'full': every parameter of `model` (nothing else changes).
     'lora': `attach`'s adapters (the caller freezes the base weights); on leaving, even by an error, they are
-    merged into the base weights and the wrappers removed."""
+    merged into the base weights and the wrappers removed, after their final values are copied into `keep`
+    (when given; `adapter_tensors`)."""
     if method.name == "full":
         yield list(model.parameters())
         return
@@ -212,4 +235,6 @@ def adapted(model: nn.Module, method: LMMethod, seed: int = 0) -> Iterator[list[
     try:
         yield params
     finally:
+        if keep is not None:
+            keep.update(adapter_tensors(model))
         merge(model)

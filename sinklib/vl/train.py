@@ -62,6 +62,8 @@ class VLResult:
     seconds: dict
     kind: str = "vl"
     callbacks: list[dict] = field(default_factory=list)
+    #: with LoRA: the adapters' final values (`lora.adapter_tensors`, merged into `model` already); else None
+    adapters: dict | None = None
 
 
 def _empty_budget() -> dict:
@@ -216,10 +218,11 @@ def train_vl(model: nn.Module, tokenizer, *, stage1_steps: int = RECIPE["stage1_
     history: list[dict] = []
     callbacks: list[dict] = []
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
+    keep: dict = {}
     seconds = _vl_stages(model, tokenizer, su, stage1_steps, stage2_steps, lr_projector, lr_lm, lr_p2,
-                         encoder, projector, history, callbacks, budget, method)
+                         encoder, projector, history, callbacks, budget, method, keep)
     return VLResult(model=model, projector=projector, encoder=encoder, history=history, budget=budget,
-                    params=params, seconds=seconds, kind="vl", callbacks=callbacks)
+                    params=params, seconds=seconds, kind="vl", callbacks=callbacks, adapters=keep or None)
 
 
 def _vl_modules(model, su: _Setup, encoder, projector, encoder_kwargs) -> tuple[FrozenVisionEncoder, Projector]:
@@ -241,7 +244,7 @@ def _vl_modules(model, su: _Setup, encoder, projector, encoder_kwargs) -> tuple[
 
 def _vl_stages(model, tokenizer, su: _Setup, stage1_steps: int, stage2_steps: int, lr_projector: float,
                lr_lm: float, lr_p2: float, encoder, projector, history: list, callbacks: list,
-               budget: dict, method: lora.LMMethod) -> dict:
+               budget: dict, method: lora.LMMethod, keep: dict | None = None) -> dict:
     """The two stages of `train_vl` (the LM frozen in stage 1, its requires_grad flags restored after; with LoRA
     the LM's own weights stay frozen in stage 2 and the adapters are merged after it); returns the seconds per
     stage and leaves the model and the projector in eval mode."""
@@ -259,7 +262,7 @@ def _vl_stages(model, tokenizer, su: _Setup, stage1_steps: int, stage2_steps: in
             model, tokenizer, su, stage="VL stage 1 (projector)", tag="projector", mode="vl", steps=stage1_steps,
             param_groups=[{"params": list(projector.parameters()), "lr": lr_projector}],
             budget=budget["stage1"], step_offset=0, **common)
-        with lora.adapted(model, method, seed=su.seed) as trained:  # 'full': every LM parameter
+        with lora.adapted(model, method, seed=su.seed, keep=keep) as trained:  # 'full': every LM parameter
             for p in trained:
                 p.requires_grad_(True)
             seconds["stage2"] = _run_stage(
@@ -296,7 +299,6 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
     full sentence with the same content (`scenes.sentence_answer`), so the fine-tune teaches the content
     without the one-word answer format (its answer-token budget is then larger; the budget says by how much).
 
-
     `lm_method='lora'` (with `lora_rank`, `lora_alpha`, `lora_targets`) trains LoRA adapters instead of the LM's
     weights, as stage 2 of `train_vl` does with the same options and seed (the same initial adapters).
     """
@@ -317,12 +319,13 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
     budget = {"stage1": _empty_budget(), "stage2": _empty_budget()}
     lm_params = list(model.parameters())
     req = [p.requires_grad for p in lm_params]
+    keep: dict = {}
     try:
         model.train()
         _call_callback(su.callback, 0, model, "start", None, None, callbacks)
         for p in lm_params:
             p.requires_grad_(method.name == "full")
-        with lora.adapted(model, method, seed=su.seed) as trained:  # 'full': every LM parameter
+        with lora.adapted(model, method, seed=su.seed, keep=keep) as trained:  # 'full': every LM parameter
             for p in trained:
                 p.requires_grad_(True)
             sec = _run_stage(model, tokenizer, su, stage="text-only (LM)", tag="lm", mode="text", steps=steps,
@@ -334,4 +337,4 @@ def train_text_only(model: nn.Module, tokenizer, *, steps: int = RECIPE["stage2_
             p.requires_grad_(r)
         model.eval()
     return VLResult(model=model, projector=None, encoder=None, history=history, budget=budget, params=params,
-                    seconds={"stage2": sec}, kind="text_only", callbacks=callbacks)
+                    seconds={"stage2": sec}, kind="text_only", callbacks=callbacks, adapters=keep or None)
