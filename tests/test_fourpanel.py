@@ -242,3 +242,25 @@ def test_chapter_11s_low_memory_random_control_agrees_with_the_in_memory_one(tmp
     assert low["size"] == mem["size"] and 1.0 < low["matched"] < 2.0
     assert seen_kw[0] == (isolate.scaled_name(low["size"]), {"random": "in place"}, 0)
     assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base().items())
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_the_random_control_rebuilds_a_carried_vl_snapshot_instead_of_training(tmp_path, monkeypatch, low_memory):
+    """On another machine the VL evaluation is cached and the snapshot is missing: the random control rebuilds the
+    snapshot from its LoRA record (`sinklib.adapt.adapters`), never trains, and leaves the base in the model."""
+    import shutil
+
+    from sinklib.adapt import dose
+
+    out, seen, snaps, base = _run(tmp_path, monkeypatch, low_memory=low_memory)
+    lm, params, seqs, kw = _random_setup()
+    d = dose.snapshot_dir(params, "vl", params["stage2_steps"])
+    trained = sk_cache.load_state(d, lm.model)
+    shutil.rmtree(d)
+    monkeypatch.setattr(vl, "train_vl", lambda *a, **k: pytest.fail("trained again"))
+    control = fourpanel.random_control_low if low_memory else fourpanel.random_control
+    r = control(lm, params, base, [2.0, 8.0], seqs=seqs, **kw)
+    assert (d / "rebuilt.json").exists() and 1.0 < r["matched"] < 2.0
+    again = sk_cache.load_state(d, lm.model)
+    assert all(torch.equal(again[k], trained[k]) for k in trained)
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base().items())

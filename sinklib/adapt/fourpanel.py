@@ -200,6 +200,22 @@ def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
             f"{t['p_min']:.3f}; at the {level:g} level {reach or 'several orderings can reach it'})")
 
 
+def vl_snapshot(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False):
+    """The folder of the pair's VL snapshot (its last stage-2 step), made first when it is missing: rebuilt from its
+    LoRA record when the cache holds one (carried from the machine that trained it, `sinklib.adapt.adapters`), else
+    trained, in both cases from the base weights, which are loaded into the model first; the model ends holding
+    them."""
+    from sinklib.adapt import dose
+    from sinklib.core import cache
+
+    step = params["stage2_steps"]
+    d = dose.snapshot_dir(params, "vl", step)
+    if not cache.checkpoint_exists(d):
+        lm.model.load_state_dict(base(), strict=True)
+        dose.train_series(lm, params, "vl", [step], restore=base if low_memory else None)
+    return d
+
+
 def random_control(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], scales: Sequence[float], *,
                    seqs: Sequence[Sequence[int]], **evaluate_kwargs: Any) -> dict:
     """The random control of one pair, on the functional yardstick: the norm-matched random direction of its VL
@@ -209,13 +225,12 @@ def random_control(lm: Any, params: Mapping[str, Any], base: Callable[[], dict],
     size (`isolate.evaluate_random_scaled`, cached; None when no size measured matches). Holds base, VL and random
     in memory besides the model: not for the low-memory models. -> {'kl', 'matched', 'size', 'evaluation'}."""
     from sinklib import vl
-    from sinklib.adapt import dose, isolate, yardstick
+    from sinklib.adapt import isolate, yardstick
     from sinklib.core import cache
 
-    d = dose.snapshot_dir(params, "vl", params["stage2_steps"])
     states = LazyStates()
     states.defer("base", base)
-    states.defer("vl", lambda: cache.load_state(d, lm.model))
+    states.defer("vl", lambda: cache.load_state(vl_snapshot(lm, params, lambda: states["base"]), lm.model))
     states.defer("random", lambda: vl.random_direction_like(states["base"], states["vl"], seed=params["seed"]))
     pair = Pair(params=dict(params), states=states, projector=None, encoder=None)
     kls = yardstick.pair_kl(lm, pair, ["vl", "random"], scales, seqs=seqs)
@@ -232,23 +247,25 @@ def random_control_low(lm: Any, params: Mapping[str, Any], base: Callable[[], di
     the change norms read from the base and VL checkpoints, the direction added in place), the KLs against the
     base's log-probabilities computed once, all cached under their own keys ('in place'), and the evaluation at the
     KL-matched size with the state made in place. -> the same dict as `random_control`."""
-    from sinklib.adapt import dose, inplace, isolate, yardstick
+    from sinklib.adapt import inplace, isolate, yardstick
     from sinklib.adapt.pairs import evaluate_condition
     from sinklib.core import cache
 
-    model, vl_dir = lm.model, dose.snapshot_dir(params, "vl", params["stage2_steps"])
-    norms: dict = {}
+    model, norms = lm.model, {}
+
+    def vl_dir():  # made only when a KL or the evaluation is not cached
+        return vl_snapshot(lm, params, base, low_memory=True)
 
     def randomised(k: float) -> Callable[[], dict]:
         def make() -> dict:
-            norms.update(norms or inplace.change_norms(base_dir(params), vl_dir))
+            norms.update(norms or inplace.change_norms(base_dir(params), vl_dir()))
             model.load_state_dict(base(), strict=True)
             inplace.add_random(model, norms, params["seed"], k)
             return model.state_dict()
         return make
 
     sizes = {isolate.scaled_name(k): float(k) for k in [1.0, *scales]}
-    makers = {"vl": lambda: model.load_state_dict(cache.load_state(vl_dir, model), strict=True),
+    makers = {"vl": lambda: model.load_state_dict(cache.load_state(vl_dir(), model), strict=True),
               **{n: randomised(k) for n, k in sizes.items()}}
     seq_key = cache.key({"s": [list(map(int, q)) for q in seqs]})
     keys = {n: {"kind": "next-token KL", "pair": dict(params), "condition": n, "seqs": seq_key,
