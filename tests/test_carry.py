@@ -45,12 +45,17 @@ def test_export_carries_complete_small_entries_only(cache, tmp_path):
     keep, big, busy = carry.plan_export(cache, max_mb=1)
     assert _rel(cache, keep) == [[f"backcopy/{K[1]}.json", f"backcopy/{K[1]}.pt"], [f"evals/{K[0]}.json"],
                                  [f"tiny/adapt_evals/{K[0]}.json"],
-                                 [f"tiny/models/{K[4]}/meta.json", f"tiny/models/{K[4]}/model.safetensors"]]
-    assert _rel(cache, big) == [[f"vl/{K[3]}/meta.json", f"vl/{K[3]}/model.safetensors"]]   # the checkpoint as one
+                                 [f"tiny/models/{K[4]}/meta.json", f"tiny/models/{K[4]}/model.safetensors"],
+                                 [f"vl/{K[3]}/meta.json", f"vl/{K[3]}/weights.json"]]    # too large: its weights stay
+    assert big == []
+    digest = json.loads((cache / "vl" / K[3] / "weights.json").read_text())
+    assert digest == {"sha256": carry.file_sha256(cache / "vl" / K[3] / "model.safetensors"), "bytes": 2 * 2**20}
     assert _rel(cache, busy) == [[f"backcopy/{K[2]}.pt"], [f"backcopy/{K[3]}.json"], [f"tiny/adapt_evals/{K[1]}.json.tmp"]]
     dest = tmp_path / "out"
     out = carry.export(dest, cache, max_mb=1)
-    assert out["copied files"] == 6 and out["left out, too large"] == 1 and out["left out, incomplete"] == 3
+    assert out["copied files"] == 8 and out["left out, too large"] == 0 and out["left out, incomplete"] == 3
+    assert out["of which checkpoints without their weights"] == 1
+    assert carry.export(tmp_path / "small", cache, max_mb=0.000001)["left out, too large"] == 5
     files = json.loads((dest / carry.MANIFEST).read_text())["files"]
     assert sorted(files) == sorted(x for e in _rel(cache, keep) for x in e) and not (dest / "models").exists()
     assert carry.export(dest, cache, max_mb=1)["copied files"] == 0                  # nothing new, nothing copied
@@ -69,7 +74,8 @@ def test_import_fills_what_is_missing_and_never_overwrites(cache, tmp_path):
     assert not (other / "backcopy" / f"{K[1]}.pt").exists()                         # never half an entry
     assert (other / "evals" / f"{K[0]}.json").read_bytes() == b'{"score": 1}'
     assert (other / "tiny" / "models" / K[4] / "model.safetensors").read_bytes() == b"small"
-    assert out["copied files"] == 4 and carry.import_(dest, other)["copied files"] == 0
+    assert out["copied files"] == 6 and carry.import_(dest, other)["copied files"] == 0
+    assert (other / "vl" / K[3] / "meta.json").exists() and not (other / "vl" / K[3] / "model.safetensors").exists()
 
 
 def test_a_damaged_export_is_refused_with_the_file_named(cache, tmp_path):
@@ -87,7 +93,7 @@ def test_a_damaged_export_is_refused_with_the_file_named(cache, tmp_path):
 def test_command_line(cache, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SINKBOOK_CACHE", str(cache))
     assert carry.main(["export", str(tmp_path / "out"), "--max-mb", "1"]) == 0
-    assert json.loads(capsys.readouterr().out)["copied files"] == 6
+    assert json.loads(capsys.readouterr().out)["copied files"] == 8
     monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path / "fresh"))
     assert carry.main(["import", str(tmp_path / "out")]) == 0
     assert (tmp_path / "fresh" / "evals" / f"{K[0]}.json").exists()

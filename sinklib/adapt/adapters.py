@@ -101,14 +101,14 @@ def _check_sums(want: Mapping[str, list[float]], got: Mapping[str, list[float]],
 
 @torch.no_grad()
 def rebuild(checkpoint: str | Path, model: nn.Module) -> bool:
-    """Write the missing checkpoint `checkpoint` from its record: `model`'s weights (the base: checked by the
-    merged sums) plus the adapters, with the record's meta.json and projector. False when there is no record or
-    the checkpoint exists. `model` ends as it was (its adapted weights are swapped in for the save only)."""
+    """Write the checkpoint `checkpoint` (missing, or carried without its weights) from its record: `model`'s weights
+    (the base: checked by the merged sums) plus the adapters, with the record's meta.json and projector. False when
+    there is no record or the checkpoint has its weights. `model` ends as it was (its adapted weights are swapped in for the save only)."""
     from safetensors.torch import load_file, save_model
 
     checkpoint, rec = Path(checkpoint), record_dir(checkpoint)
-    if cache.checkpoint_exists(checkpoint) or not (rec / RECORD).exists():
-        return False
+    if cache.weights_present(checkpoint) or not (rec / RECORD).exists():
+        return False  # trained here, or no record (a checkpoint carried without weights or record is retrained)
     from sinklib.vl import lora
 
     info = json.loads((rec / RECORD).read_text())

@@ -126,3 +126,38 @@ def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text
     return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
                         "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
                         "strict-format mean; perplexity without a p-value. " + SCORE_LEGEND)
+
+
+# ---------------------------------------------------------------------------------------
+# chapter 4's findings in words (the printed summary and the glued sentences of "What this run shows")
+
+def findings(built: Mapping[str, Any], vqa_checks: Mapping[str, dict], S_wide: pd.DataFrame, deltas: pd.DataFrame,
+             stage1_steps: int) -> dict[str, Any]:
+    """Chapter 4's findings, computed from its tables: {'lines': printed lines per model, 'vqa', 'S', 'text':
+    one sentence each over all models (VQA along training and held-out against the majority answer; S base ->
+    VL; strict/lenient math and knowledge changes of VL and text-only)}."""
+    lines, vqa_story, s_story, text_story = [], [], [], []
+    for name, b in built.items():
+        d = deltas[deltas.model == name].set_index(["condition", "metric"]).change
+        v, S = vqa_checks[name], S_wide.loc[name]
+        word = "rose" if S["vl"] > S["base"] else "fell"
+        lines.append(f"- {name}: VQA {v['vqa']:.1f}% [{v['vqa_lo']:.1f}, {v['vqa_hi']:.1f}] after VL training vs "
+                     f"{v['majority']:.1f}% for the blind majority answer ("
+                     f"{'learned: the interval lies above it' if v['learned'] else 'NOT shown to be learned'}); "
+                     f"S {S['base']:.3f} (base) -> {S['vl']:.3f} (VL), {S['text_only']:.3f} (text-only), "
+                     f"{S['random']:.3f} (random): S {word} under VL (paper, reported: Tulu 3B +0.41 -> +0.20).")
+        lines.append("  changes from base (points; VL / text-only / random): " + "; ".join(
+            f"{m} {d[('vl', m)]:+.1f} / {d[('text_only', m)]:+.1f} / {d[('random', m)]:+.1f}"
+            for m in ("instructions strict", "math strict", "math lenient", "knowledge acc") if ("vl", m) in d.index))
+        cb = [(c["step"], 100 * c["value"]["vqa"]) for c in b.logs["vl"]["callbacks"] if "vqa" in c["value"]]
+        end1 = max((c for c in cb if c[0] <= stage1_steps), default=None)
+        track = (f"tracking items {cb[0][1]:.0f} % at step 0, {end1[1]:.0f} % at the end of stage 1, {cb[-1][1]:.0f} % "
+                 f"at the end of stage 2; " if cb and end1 else "")
+        vqa_story.append(f"{name}: {track}held-out {v['vqa']:.1f} % [{v['vqa_lo']:.1f}, {v['vqa_hi']:.1f}] against "
+                         f"{v['majority']:.1f} % for the blind majority answer "
+                         f"({'learned' if v['learned'] else 'not shown to be learned'})")
+        s_story.append(f"{name} {S['base']:.3f} -> {S['vl']:.3f} ({word})")
+        text_story.append(f"{name}: " + "; ".join(
+            f"{label} " + ", ".join(f"{m} {d[(c, m)]:+.1f}" for m in ("math strict", "math lenient", "knowledge acc"))
+            for c, label in (("vl", "VL"), ("text_only", "text-only"))))
+    return {"lines": lines, "vqa": "; ".join(vqa_story), "S": "; ".join(s_story), "text": "; ".join(text_story)}

@@ -50,9 +50,10 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
     pair's recipe and seed, saving the LM (and the VL projector) after each stage-2 step in `steps`; returns
     {step: checkpoint folder}. Cached: nothing is trained when every snapshot exists. With LoRA the last step's
     snapshot also gets its record (`sinklib.adapt.adapters`), from which a later call rebuilds it, on any machine
-    whose cache holds the record, instead of training again. `lm.model` ends holding
-    the base weights again: a copy taken before training, or what `restore()` returns (a model too large for a
-    second copy in memory reads its base weights back from disk, `fourpanel.base_source`)."""
+    whose cache holds the record, instead of training again. A snapshot carried without its weights is retrained
+    when its weights are first read (`cache.defer_weights`). `lm.model` ends holding the base weights again: a copy
+    taken before training, or what `restore()` returns (a model too large for a second copy in memory reads its base
+    weights back from disk, `fourpanel.base_source`)."""
     from sinklib.adapt import adapters
 
     kind = check_choice("kind", kind, KINDS)
@@ -60,17 +61,37 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
     dirs = {s: snapshot_dir(params, kind, s) for s in steps}
     for d in dirs.values():  # a LoRA snapshot carried from another machine as its record (`adapters`)
         adapters.rebuild(d, lm.model)
-    if all(cache.checkpoint_exists(d) for d in dirs.values()):
-        return dirs
+    missing = [s for s, d in dirs.items() if not cache.checkpoint_exists(d)]
+    weightless = [s for s, d in dirs.items() if cache.checkpoint_exists(d) and not cache.weights_present(d)]
+    if missing:
+        _run_series(lm, params, kind, dirs, progress, restore)
+    elif weightless:  # made only if read: base weights from `restore` or a copy taken now
+        base = restore or (lambda sd=vl.clone_state_dict(lm.model): sd)
+        for s in weightless:
+            cache.defer_weights(dirs[s], lambda: (lm.model.load_state_dict(base(), strict=True),
+                                                  _run_series(lm, params, kind, dirs, progress, base)))
+    return dirs
+
+
+def _run_series(lm: Any, params: Mapping[str, Any], kind: str, dirs: Mapping[int, Path], progress: bool,
+                restore: Callable[[], Mapping[str, torch.Tensor]] | None) -> None:
+    """One training of `train_series` from the base weights in `lm.model`: each snapshot of `dirs` not cached is
+    saved, each weightless one gets its weights (`cache.fill_weights`), the last step's LoRA record is kept."""
+    from sinklib.adapt import adapters
+
     model, tok = lm.model, lm.tokenizer
     base_sd = vl.clone_state_dict(model) if restore is None else None
     offset = params["stage1_steps"] if kind == "vl" else 0
 
     def snap(step: int, model: torch.nn.Module, stage: str = "", projector: Any = None, encoder: Any = None) -> None:
         s = step - offset
-        if "stage 1" not in stage and s in dirs and not cache.checkpoint_exists(dirs[s]):
+        if "stage 1" in stage or s not in dirs:
+            return
+        if not cache.checkpoint_exists(dirs[s]):
             cache.save_checkpoint(dirs[s], model, projector, encoder,
                                   meta={"kind": kind, "stage2_step": s, "params": dict(params)})
+        elif not cache.weights_present(dirs[s]):
+            cache.fill_weights(dirs[s], model)
 
     common = dict(batch_size=params["batch_size"], seed=params["seed"], image_size=params["image_size"],
                   schedule=params.get("schedule", "constant"), callback=snap, callback_every=1, progress=progress,
@@ -83,12 +104,11 @@ def train_series(lm: Any, params: Mapping[str, Any], kind: str, steps: Sequence[
         else:
             res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
         last = params["stage2_steps"]
-        if res.adapters and last in dirs:  # the merged model is in `model` now: keep the snapshot's record
+        if res.adapters and last in dirs and not adapters.record_exists(dirs[last]):  # `model` holds the merged model
             adapters.save_record(dirs[last], res.adapters, vl.lm_method_of(params).scale, model)
     finally:
         model.load_state_dict(base_sd if restore is None else restore(), strict=True)
         model.eval()
-    return dirs
 
 
 def final_matches(lm: Any, params: Mapping[str, Any], kind: str,

@@ -1,8 +1,8 @@
 """Adapted pairs: a base LLM and what VL adaptation (and its two controls) made of it.
 
-Chapter 4 builds the pairs, chapters 5 and 6 reuse them. Every condition is trained once and
-cached by a key of its parameters (``sinklib.core.cache.key``), so a rerun loads instead of
-training, and chapter 6 finds chapter 4's checkpoints without rerunning chapter 4.
+Chapter 4 builds the pairs, chapters 5 and 6 reuse them. Every condition is trained once and cached by a key of
+its parameters (``sinklib.core.cache.key``), so a rerun loads instead of training, chapter 6 finds chapter 4's
+checkpoints without rerunning chapter 4, and a machine that has only their carried logs retrains one when read.
 
 This module is the contract between chapter 4 and the chapters that read it: the parameters of a
 pair (`pair_params`), its evaluated conditions (`evaluate_condition`, `evaluation_key`), the
@@ -32,14 +32,13 @@ from sinklib.core import cache
 from sinklib import vl
 from sinklib.core.anatomy import clamp_last_k
 from sinklib.errors import ParameterError, ResultsMissing
-from sinklib.core.models import Loaded
+from sinklib.core.models import MODEL_PARAMS, Loaded
 from sinklib.evals import COUNT_PARAMS
-from sinklib.core.models import MODEL_PARAMS
 from sinklib.core.params import (COMMON, Dependent, boolean, check_choice, check_float, check_int, check_list,
     choice, integer, list_of, number, optional, text)
 from sinklib.core.sink import prompt_count
 from sinklib.adapt.display import (CONDITION_LABELS, SCORE_LABELS, SCORE_LEGEND, budget_table,  # noqa: F401
-    by_model_table, condition_tables, interval_cell, merge_verdict_table, metric_grid, paired_display)
+    by_model_table, condition_tables, findings, interval_cell, merge_verdict_table, metric_grid, paired_display)
 from sinklib.adapt.scores import (MAIN_METRICS, STRICT_METRICS, condition_row, panel_row, panel_rows,  # noqa: F401
     paired_table, score_deltas, score_table, seed_summary, strict_mean)
 
@@ -167,16 +166,40 @@ def _meta_of(res: vl.VLResult) -> dict:
             "params": res.params}
 
 
+def _train_condition(lm: Loaded, params: Mapping[str, Any], kind: str, common: Mapping[str, Any]) -> vl.VLResult:
+    """Train one condition of the pair in `lm.model` (which holds the base weights) with the pair's recipe
+    (text_sentence: the format-preserving control, one-word answers written as sentences)."""
+    if kind == "vl":
+        return vl.train_vl(lm.model, lm.tokenizer, stage1_steps=params["stage1_steps"],
+                           stage2_steps=params["stage2_steps"], lr_projector=params["lr_projector"],
+                           lr_lm=params["lr_lm"], lr_projector_stage2=params.get("lr_projector_stage2"), **common)
+    return vl.train_text_only(lm.model, lm.tokenizer, steps=params["stage2_steps"], lr=params["lr_lm"],
+                              answer_style="sentence" if kind == "text_sentence" else "word", **common)
+
+
+def _refill(lm: Loaded, params: Mapping[str, Any], kind: str, common: Mapping[str, Any], base_sd: Mapping[str, Any],
+            path: Path) -> None:
+    """Retrain a checkpoint carried without its weights (`cache.defer_weights`) from the base and write them."""
+    lm.model.load_state_dict(base_sd, strict=True)
+    try:
+        _train_condition(lm, params, kind, common)
+        cache.fill_weights(path, lm.model)
+    finally:
+        lm.model.load_state_dict(base_sd, strict=True)
+        lm.model.eval()
+
+
 def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | None = None, callback_every: int = 0,
                progress: bool = True, retrain: bool = False, extra: Sequence[str] = ()) -> Pair:
     """Train (or load from the cache) the VL and text-only conditions of `lm`, and draw the random control.
+    A checkpoint carried without its weights is trained again only if its weights are read (`cache.defer_weights`).
 
     `lm.model` ends holding the base weights again. `callback(step, model, ...)` is passed to the
     trainings (for S along training); cached conditions keep the callbacks of the run that made them.
     `extra`: conditions of `EXTRA_CONDITIONS` to train (or load) as well.
     """
     extra = tuple(check_choice("extra[]", e, EXTRA_CONDITIONS) for e in extra)
-    model, tok = lm.model, lm.tokenizer
+    model = lm.model
     params = dict(params)
     base_sd = vl.clone_state_dict(model)
     states = LazyStates({"base": base_sd})
@@ -194,18 +217,14 @@ def build_pair(lm: Loaded, params: Mapping[str, Any], *, callback: Callable | No
             logs[kind] = ck.meta
             if kind == "vl":
                 projector, encoder = ck.projector, ck.encoder
+            cache.defer_weights(path, lambda kind=kind, path=path: _refill(lm, params, kind, common, base_sd, path))
             states.defer(kind, lambda path=path: cache.load_state(path, model))
             trained[kind] = False
             continue
         model.load_state_dict(base_sd, strict=True)
+        res = _train_condition(lm, params, kind, common)
         if kind == "vl":
-            res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
-                              lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
-                              lr_projector_stage2=params.get("lr_projector_stage2"), **common)
             projector, encoder = res.projector, res.encoder
-        else:  # text_sentence: the format-preserving control, one-word answers written as sentences
-            res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"],
-                                     answer_style="sentence" if kind == "text_sentence" else "word", **common)
         logs[kind] = _meta_of(res)
         cache.save_checkpoint(path, model, projector if kind == "vl" else None, encoder if kind == "vl" else None,
                               meta=logs[kind])
@@ -382,7 +401,19 @@ def pair_records(built: Mapping[str, Pair]) -> dict:
     return {"train_seconds": {n: {c: log["seconds"] for c, log in b.logs.items()} for n, b in built.items()},
             "checkpoints": {n: {c: condition_dir(b.params, c).relative_to(root).as_posix() for c in b.logs}
                             for n, b in built.items()},
-            "pair_params": {n: b.params for n, b in built.items()}}
+            "pair_params": {n: b.params for n, b in built.items()},
+            "retrained": cache.filled_here()}
+
+
+def retrained_sentence(filled: Sequence[Mapping[str, Any]]) -> str:
+    """`cache.filled_here` (checkpoints carried without weights and retrained in this run) in words."""
+    if not filled:
+        return "every checkpoint this run read was trained on the machine that ran it"
+    same = sum(bool(r["bit_identical"]) for r in filled)
+    return (f"{len(filled)} checkpoint(s) had been trained on another machine and were retrained here from their "
+            f"carried training logs when their weights were needed; {same} of {len(filled)} came out bit-identical to "
+            "the first training" + ("" if same == len(filled) else " (the others differ in rounding; results cached "
+                                    "before, under the same training log, are the first training's)"))
 
 
 def chapter4_pairs(models: Sequence[str]) -> tuple[dict, dict, dict]:
@@ -448,38 +479,3 @@ def pair_params_of(name: str, params: Mapping[str, Any], weights: str) -> dict:
     if "phrasing" in params:  # a chapter without the parameter: 'question'
         method["phrasing"] = params["phrasing"]
     return pair_params(name, weights=weights, **recipe, **method)
-
-
-# ---------------------------------------------------------------------------------------
-# chapter 4's findings in words (the printed summary and the glued sentences of "What this run shows")
-
-def findings(built: Mapping[str, Pair], vqa_checks: Mapping[str, dict], S_wide: pd.DataFrame, deltas: pd.DataFrame,
-             stage1_steps: int) -> dict[str, Any]:
-    """Chapter 4's findings, computed from its tables: {'lines': printed lines per model, 'vqa', 'S', 'text':
-    one sentence each over all models (VQA along training and held-out against the majority answer; S base ->
-    VL; strict/lenient math and knowledge changes of VL and text-only)}."""
-    lines, vqa_story, s_story, text_story = [], [], [], []
-    for name, b in built.items():
-        d = deltas[deltas.model == name].set_index(["condition", "metric"]).change
-        v, S = vqa_checks[name], S_wide.loc[name]
-        word = "rose" if S["vl"] > S["base"] else "fell"
-        lines.append(f"- {name}: VQA {v['vqa']:.1f}% [{v['vqa_lo']:.1f}, {v['vqa_hi']:.1f}] after VL training vs "
-                     f"{v['majority']:.1f}% for the blind majority answer ("
-                     f"{'learned: the interval lies above it' if v['learned'] else 'NOT shown to be learned'}); "
-                     f"S {S['base']:.3f} (base) -> {S['vl']:.3f} (VL), {S['text_only']:.3f} (text-only), "
-                     f"{S['random']:.3f} (random): S {word} under VL (paper, reported: Tulu 3B +0.41 -> +0.20).")
-        lines.append("  changes from base (points; VL / text-only / random): " + "; ".join(
-            f"{m} {d[('vl', m)]:+.1f} / {d[('text_only', m)]:+.1f} / {d[('random', m)]:+.1f}"
-            for m in ("instructions strict", "math strict", "math lenient", "knowledge acc") if ("vl", m) in d.index))
-        cb = [(c["step"], 100 * c["value"]["vqa"]) for c in b.logs["vl"]["callbacks"] if "vqa" in c["value"]]
-        end1 = max((c for c in cb if c[0] <= stage1_steps), default=None)
-        track = (f"tracking items {cb[0][1]:.0f} % at step 0, {end1[1]:.0f} % at the end of stage 1, {cb[-1][1]:.0f} % "
-                 f"at the end of stage 2; " if cb and end1 else "")
-        vqa_story.append(f"{name}: {track}held-out {v['vqa']:.1f} % [{v['vqa_lo']:.1f}, {v['vqa_hi']:.1f}] against "
-                         f"{v['majority']:.1f} % for the blind majority answer "
-                         f"({'learned' if v['learned'] else 'not shown to be learned'})")
-        s_story.append(f"{name} {S['base']:.3f} -> {S['vl']:.3f} ({word})")
-        text_story.append(f"{name}: " + "; ".join(
-            f"{label} " + ", ".join(f"{m} {d[(c, m)]:+.1f}" for m in ("math strict", "math lenient", "knowledge acc"))
-            for c, label in (("vl", "VL"), ("text_only", "text-only"))))
-    return {"lines": lines, "vqa": "; ".join(vqa_story), "S": "; ".join(s_story), "text": "; ".join(text_story)}

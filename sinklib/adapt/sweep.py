@@ -73,24 +73,36 @@ def train_stage1(lm: Any, params: Mapping[str, Any], *, progress: bool = False) 
 
 def train_point(lm: Any, params: Mapping[str, Any], *, progress: bool = False) -> Path:
     """Stage 2 of one sweep point (`point_params`) from the cached stage-1 projector, on `lm.model`'s base
-    weights (cached). `lm.model` ends holding the base weights again."""
+    weights (cached; a point carried without its weights is retrained when they are first read). `lm.model` ends
+    holding the base weights again."""
     d = point_dir(params)
     if cache.checkpoint_exists(d):
+        if not cache.weights_present(d):
+            base = vl.clone_state_dict(lm.model)
+            cache.defer_weights(d, lambda: (lm.model.load_state_dict(base, strict=True),
+                                            _train_point(lm, params, d, progress)))
         return d
+    _train_point(lm, params, d, progress)
+    return d
+
+
+def _train_point(lm: Any, params: Mapping[str, Any], d: Path, progress: bool) -> None:
     base = vl.clone_state_dict(lm.model)
-    try:
-        ck = vl.load_checkpoint(train_stage1(lm, params, progress=progress), lm.model)
+    try:  # stage 1 trains the projector only: the LM's weights are the base ones the model holds
+        ck = vl.load_checkpoint(train_stage1(lm, params, progress=progress), lm.model, weights=False)
         res = vl.train_vl(lm.model, lm.tokenizer, stage1_steps=0, stage2_steps=params["stage2_steps"],
                           lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
                           lr_projector_stage2=params["lr_projector_stage2"], encoder=ck.encoder,
                           projector=ck.projector, **_common(params, progress), **vl.lm_method_of(params).params())
-        cache.save_checkpoint(d, lm.model, res.projector, res.encoder,
-                              meta={"kind": "vl sweep point", "seconds": res.seconds, "history": res.history,
-                                    "params": dict(params)})
+        if cache.checkpoint_exists(d):
+            cache.fill_weights(d, lm.model)
+        else:
+            cache.save_checkpoint(d, lm.model, res.projector, res.encoder,
+                                  meta={"kind": "vl sweep point", "seconds": res.seconds, "history": res.history,
+                                        "params": dict(params)})
     finally:
         lm.model.load_state_dict(base, strict=True)
         lm.model.eval()
-    return d
 
 
 def point_matches(lm: Any, params: Mapping[str, Any], vl_state: Mapping[str, Any] | Callable[[], Mapping[str, Any]],

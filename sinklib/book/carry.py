@@ -17,8 +17,11 @@ with a ``.tmp`` file, a file changed in the last ``--settle`` seconds, or weight
 (written last). `import` copies into the cache the entries it lacks, after checking every file against the
 manifest; an entry that exists is left alone (a file there with other content is reported, never overwritten).
 The keys are hashes of the parameters, so an imported entry is read only by a run with the same parameters.
-The records of LoRA snapshots (``adapters/``, 20-75 MB each: `sinklib.adapt.adapters`) rebuild their checkpoints
-without training; carry them with ``--max-mb 100``.
+A checkpoint too large to carry goes without its weights: its meta.json, projector and weights.json (the weights'
+SHA-256), so the importing machine knows its training log and stamp and retrains the weights only if a result that
+needs them is not cached (`sinklib.core.cache.defer_weights`; retrained.json then says whether they came out
+bit-identical). The records of LoRA snapshots (``adapters/``, 20-75 MB each: `sinklib.adapt.adapters`) rebuild
+their checkpoints exactly without training; carry them with ``--max-mb 100``.
 """
 from __future__ import annotations
 
@@ -81,17 +84,38 @@ def plan_export(cache: Path, folders: Sequence[str] | None = None, *, max_mb: fl
         for e in entries(cache / n):
             if not complete(e, now, settle):
                 busy.append(e)
-            elif sum(p.stat().st_size for p in e) > max_mb * 2**20:
-                big.append(e)
-            else:
+            elif sum(p.stat().st_size for p in e) <= max_mb * 2**20:
                 keep.append(e)
+            elif (stub := weightless(e)) and sum(p.stat().st_size for p in stub) <= max_mb * 2**20:
+                keep.append(stub)
+            else:
+                big.append(e)
     return keep, big, busy
+
+
+def _is_weightless(entry: Sequence[Path]) -> bool:
+    names = {p.name for p in entry}
+    return "weights.json" in names and "model.safetensors" not in names
+
+
+def weightless(entry: Sequence[Path]) -> list[Path] | None:
+    """A VL checkpoint entry (``vl/<key>/`` with meta.json and model.safetensors) without its weights: its other
+    files and weights.json (the weights' SHA-256, written now if the checkpoint predates it), which a machine that
+    imports it retrains on first use (`sinklib.core.cache.defer_weights`); None for any other entry."""
+    from sinklib.core import cache as core_cache
+
+    names, folder = {p.name for p in entry}, entry[0].parent
+    if not {"meta.json", core_cache.WEIGHTS} <= names or not KEY.fullmatch(folder.name) or folder.parent.name != "vl":
+        return None  # only the VL checkpoints (`cache.checkpoint_dir`), whose trainers can remake their weights
+    core_cache.weights_record(folder)
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != core_cache.WEIGHTS)
 
 
 def export(dest: Path, cache: Path, folders: Sequence[str] | None = None, *, max_mb: float = DEFAULT_MAX_MB,
            settle: float = DEFAULT_SETTLE_S) -> dict:
     """Copy the carried entries into `dest` (adding to what is there) and write its manifest; returns counts."""
     keep, big, busy = plan_export(cache, folders, max_mb=max_mb, settle=settle)
+    stubs = sum(1 for e in keep if _is_weightless(e))
     dest.mkdir(parents=True, exist_ok=True)
     old = json.loads((dest / MANIFEST).read_text())["files"] if (dest / MANIFEST).exists() else {}
     files, copied = dict(old), 0
@@ -104,7 +128,8 @@ def export(dest: Path, cache: Path, folders: Sequence[str] | None = None, *, max
                 shutil.copy2(p, dest / rel)
                 files[rel], copied = digest, copied + 1
     (dest / MANIFEST).write_text(json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n")
-    return {"entries": len(keep), "copied files": copied, "files in the manifest": len(files),
+    return {"entries": len(keep), "of which checkpoints without their weights": stubs, "copied files": copied,
+            "files in the manifest": len(files),
             "left out, too large": len(big), "left out, incomplete": len(busy)}
 
 

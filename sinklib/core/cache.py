@@ -4,13 +4,21 @@ one rule that derives a seed from (seed, name).
 Everything lives under `sinklib.core.models.cache_dir()` (`SINKBOOK_CACHE`, default `~/.cache/sinkbook`),
 never in git:
 
-    vl/<key>/            a checkpoint: model.safetensors, projector.safetensors (VL only), meta.json
+    vl/<key>/            a checkpoint: model.safetensors, projector.safetensors (VL only), meta.json, weights.json
+                         (the SHA-256 of model.safetensors)
     evals/<key>.json     one evaluated condition (sinklib.adapt.pairs.evaluate_condition)
     injection/<key>.json one evaluated QK-norm injection condition (sinklib.controls.inject)
 
 `key(params)` is the 16-hex-digit SHA-256 of the canonical JSON of the parameters: the same
 parameters give the same key on every machine, so a rerun loads instead of recomputing. The
 keys are pinned by tests (tests/test_cache.py): changing how they are computed orphans every cache.
+
+A checkpoint carried to another machine without its weights (`sinklib.book.carry` carries the small files of one
+too large to carry: meta.json, the projector, weights.json) is *weightless*: it exists (its training log, stamp and
+projector are read as usual) but `load_state` and `load_checkpoint(weights=True)` need its weights. The code that
+trains it registers how to make them (`defer_weights`: the same training again), so they are made on first read,
+only when a result that needs them is not cached; `fill_weights` writes them and says in retrained.json whether
+they are bit-identical to the ones first trained.
 """
 from __future__ import annotations
 
@@ -96,6 +104,94 @@ def tensor_sha(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+WEIGHTS = "model.safetensors"
+WEIGHTS_RECORD = "weights.json"
+RETRAINED = "retrained.json"
+_MAKERS: dict[Path, Callable[[], None]] = {}
+_FILLED: list[dict] = []  # what fill_weights did in this process
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_present(path: str | Path) -> bool:
+    """True when the checkpoint folder `path` holds its weights (a carried checkpoint may not: it is weightless)."""
+    return (Path(path) / WEIGHTS).exists()
+
+
+def weights_record(path: str | Path) -> dict:
+    """{'sha256', 'bytes'} of a checkpoint's weights file, written beside it (computed now for a checkpoint saved
+    before the record existed)."""
+    path = Path(path)
+    rec = path / WEIGHTS_RECORD
+    if not rec.exists():
+        if not weights_present(path):
+            raise SinkbookError(f"the checkpoint in {path} has neither its weights nor their record")
+        st = (path / WEIGHTS).stat()
+        rec.write_text(json.dumps({"sha256": file_sha256(path / WEIGHTS), "bytes": st.st_size}))
+        os.utime(rec, ns=(st.st_atime_ns, st.st_mtime_ns))  # as old as the weights it describes
+    return json.loads(rec.read_text())
+
+
+def defer_weights(path: str | Path, make: Callable[[], None]) -> None:
+    """Register `make()`, which writes the weights of the weightless checkpoint `path` (`fill_weights`), to run
+    when they are first read; nothing for a checkpoint that has its weights."""
+    if not weights_present(path):
+        _MAKERS[Path(path).resolve()] = make
+
+
+def ensure_weights(path: str | Path) -> None:
+    """Make a weightless checkpoint's weights by its registered maker (`defer_weights`); a clear error without one."""
+    path = Path(path)
+    if weights_present(path):
+        return
+    make = _MAKERS.pop(path.resolve(), None)
+    if make is not None:
+        make()
+    if not weights_present(path):
+        raise SinkbookError(
+            f"the checkpoint in {path} was carried without its weights and nothing here can retrain them: run the "
+            "chapter that trains it (its pairs.build_pair, dose.train_series or sweep.train_point makes them on first "
+            "use), or copy the whole folder from the machine that trained it")
+
+
+def fill_weights(path: str | Path, model: nn.Module) -> dict:
+    """Write `model`'s weights into the weightless checkpoint `path`, keeping its meta.json (so its stamp and
+    everything cached under it stay) and its projector (the first training's, which the training log and the cached
+    VQA results belong to); retrained.json says whether the weights are bit-identical to the first training's
+    (weights.json). -> that record."""
+    from safetensors.torch import save_model
+
+    path = Path(path)
+    want = json.loads((path / WEIGHTS_RECORD).read_text()) if (path / WEIGHTS_RECORD).exists() else {}
+    tmp = path / f"{WEIGHTS}.{os.getpid()}.tmp"
+    save_model(model, str(tmp))
+    got = file_sha256(tmp)
+    note = {"bit_identical": got == want.get("sha256"), "sha256": got, "first_sha256": want.get("sha256")}
+    (path / RETRAINED).write_text(json.dumps(note, indent=1))
+    os.replace(tmp, path / WEIGHTS)
+    rel = path.resolve().relative_to(root().resolve()).as_posix() if path.resolve().is_relative_to(root().resolve()) else path.name
+    _FILLED.append({"checkpoint": rel, "bit_identical": note["bit_identical"]})
+    return note
+
+
+def filled_here() -> list[dict]:
+    """[{'checkpoint': folder relative to the cache, 'bit_identical'}] of every checkpoint `fill_weights` retrained
+    in this process (a chapter saves it with its results)."""
+    return [dict(r) for r in _FILLED]
+
+
+def retrained(path: str | Path) -> dict | None:
+    """What `fill_weights` recorded of a checkpoint retrained here (None: trained here the first time)."""
+    p = Path(path) / RETRAINED
+    return json.loads(p.read_text()) if p.exists() else None
+
+
 def save_checkpoint(path: str | Path, model: nn.Module, projector: nn.Module | None = None,
                     encoder: nn.Module | None = None, meta: Mapping[str, Any] | None = None) -> Path:
     """Write `model.safetensors` (the LM), `projector.safetensors` (if any) and `meta.json` to `path`.
@@ -110,7 +206,9 @@ def save_checkpoint(path: str | Path, model: nn.Module, projector: nn.Module | N
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
+    save_model(model, str(tmp / WEIGHTS))
+    (tmp / WEIGHTS_RECORD).write_text(json.dumps({"sha256": file_sha256(tmp / WEIGHTS),
+                                                  "bytes": (tmp / WEIGHTS).stat().st_size}))
     info: dict[str, Any] = {"complete": True, "meta": dict(meta or {}),
                             "model_class": type(model).__name__,
                             "model_type": getattr(model.config, "model_type", None),
@@ -169,8 +267,9 @@ def load_state(path: str | Path, model: nn.Module) -> dict:
 
     path = Path(path)
     _checkpoint_info(path, model)
+    ensure_weights(path)
     dev, _ = device_dtype(model)
-    sd = load_file(str(path / "model.safetensors"), device=str(dev))
+    sd = load_file(str(path / WEIGHTS), device=str(dev))
     want = model.state_dict()
     for kept, dropped in _remove_duplicate_names(want, preferred_names=list(sd)).items():
         for k in dropped:  # save_model stored tied tensors once
@@ -217,6 +316,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, weights: bool = True,
                             "sinklib.vl.load_checkpoint")
     dev, dt = device_dtype(model)
     if weights:
+        ensure_weights(path)
         try:
             load_model(model, str(path / "model.safetensors"), strict=True, device=str(dev))
         except RuntimeError as e:
