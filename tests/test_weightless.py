@@ -108,5 +108,6 @@ def test_a_chapter_says_which_checkpoints_it_retrained(cache, monkeypatch):
     rows = pairs.pair_records({"tiny": again})["retrained"]
     assert rows == [{"checkpoint": f"vl/{pairs.condition_dir(_params(), 'vl').name}", "bit_identical": True}]
     assert pairs.retrained_sentence(rows).startswith("1 checkpoint(s) had been trained on another machine")
+    assert pairs.retrained_sentence() == pairs.retrained_sentence(rows)
     assert "1 of 1 came out bit-identical" in pairs.retrained_sentence(rows)
     assert "differ in rounding" in pairs.retrained_sentence(rows + [{"checkpoint": "vl/x", "bit_identical": False}])

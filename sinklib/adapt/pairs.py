@@ -405,8 +405,9 @@ def pair_records(built: Mapping[str, Pair]) -> dict:
             "retrained": cache.filled_here()}
 
 
-def retrained_sentence(filled: Sequence[Mapping[str, Any]]) -> str:
-    """`cache.filled_here` (checkpoints carried without weights and retrained in this run) in words."""
+def retrained_sentence(filled: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """`cache.filled_here()` (default: this run's: checkpoints carried without weights and retrained here) in words."""
+    filled = cache.filled_here() if filled is None else filled
     if not filled:
         return "every checkpoint this run read was trained on the machine that ran it"
     same = sum(bool(r["bit_identical"]) for r in filled)
