@@ -337,4 +337,21 @@ def test_eval_rows_agreement_alternation_and_table():
            "parameters": {"repeats": 3}, "provenance": {}}
     md = report.eval_markdown(doc)
     assert "2.50 (2.00-3.00)" in md and "| 50 % | 50 % | 100 % |" in md and "| m | stage1 | 32 | 2 | 2 | 1.50 |" in md
-    assert "Not measured yet" in report.eval_markdown(None)
+    assert "Not measured yet" in report.eval_markdown(None) and "matmul peak" not in md
+    doc["results"]["rows"][-1].update(flops_per_step=3.6e11, gflops_per_s=170.0, matmul_gflops_per_s=238.0,
+                                       share_of_matmul_peak=170 / 238)
+    md = report.eval_markdown(doc)
+    assert "| 1.50 | 21.3 | 500 | 360 | 170 | 71 % |" in md and "(238 GFLOP/s)" in md
+
+
+def test_a_training_step_is_counted_and_the_matmul_peak_measured():
+    """The FLOP count of one step grows with the batch (the count, never a timing), and the peak is a positive rate."""
+    from sinklib.bench import speed
+    from sinklib.core.models import tiny_model
+    from tests.test_vl import TOK
+
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer, lm.name = TOK, "tiny-llama"
+    f2, f4 = (speed.step_flops(lm, "stage1", b) for b in (2, 4))
+    assert 0 < f2 < f4 and speed.step_flops(lm, "stage2", 2) > f2
+    assert speed.matmul_rate(64, 2) > 0

@@ -318,11 +318,21 @@ def eval_markdown(doc: dict | None) -> str:
            "median of the per-round ratios of seconds (before / after), with the smallest and largest in brackets.", "",
            _eval_table(ev)]
     if tr:
+        rate = all("share_of_matmul_peak" in r for r in tr)  # measured since session 41
         out += ["", _table(["model", "training stage", "batch", "torch threads", "steps", "s per step", "examples/s",
-                            "input positions/s"],
+                            "input positions/s"] + (["GFLOP per step", "GFLOP/s", "share of the matmul peak"] if rate else []),
                            [[r["model"], r["suite"], str(r["batch"]), str(r["threads"]), str(r["steps"]),
                              f"{r['seconds_per_step']:.2f}", f"{r['items_per_s']:.1f}", f"{r['tokens_per_s']:.0f}"]
-                            for r in tr])]
+                            + ([f"{r['flops_per_step'] / 1e9:.0f}", f"{r['gflops_per_s']:.0f}",
+                                f"{100 * r['share_of_matmul_peak']:.0f} %"] if rate else []) for r in tr])]
+        if rate:
+            from sinklib.bench.speed import MATMUL_N
+
+            out += ["", f"The matmul peak is the best of ten {MATMUL_N} x {MATMUL_N} fp32 products at the training "
+                    f"thread count on the same machine ({tr[0]['matmul_gflops_per_s']:.0f} GFLOP/s); a step's operations "
+                    "are counted by torch's FlopCounterMode (matrix products and attention) and divided by the "
+                    "fastest step's seconds. A stage near the peak cannot run twice as fast in fp32 on this "
+                    "machine; the rest of a stage-2 step is AdamW and gradient bookkeeping over every weight."]
     return "\n".join(out) + "\n"
 
 

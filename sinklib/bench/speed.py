@@ -94,9 +94,48 @@ def eval_rows(lm, suite: str, n: int, repeats: int, seed: int = 0) -> list[dict]
     return res
 
 
+MATMUL_N = 1024  # the product `matmul_rate` times
+
+
+def matmul_rate(n: int = MATMUL_N, repeats: int = 10) -> float:
+    """GFLOP/s of an n x n fp32 matrix product (2 n^3 operations) at the training thread count, the best of
+    `repeats`: the machine's practical peak for the dense products that make up a training step."""
+    import time
+
+    from sinklib.core.train import fixed_threads
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    with fixed_threads():
+        a @ b  # warm-up
+        for _ in range(repeats):
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def step_flops(lm, stage: str, batch_size: int) -> float:
+    """Floating-point operations of one optimiser step of a VL `stage` ('stage1' or 'stage2') at the recipe's
+    rates, counted by `torch.utils.flop_counter.FlopCounterMode` (matrix products and attention: what dominates);
+    `lm.model` is trained by that step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sinklib import vl
+
+    rec = vl.recipe_for(lm.name)
+    steps = {"stage1_steps": 1, "stage2_steps": 0} if stage == "stage1" else {"stage1_steps": 0, "stage2_steps": 1}
+    with FlopCounterMode(display=False) as fc:
+        vl.train_vl(lm.model, lm.tokenizer, batch_size=batch_size, seed=0, lr_lm=rec["lr_lm"],
+                    lr_projector_stage2=rec["lr_projector_stage2"], progress=False, **steps)
+    return float(fc.get_total_flops())
+
+
 def train_row(lm, steps: int = TRAIN_STEPS, batch_size: int | None = None) -> list[dict]:
     """Seconds per step, examples and input positions per second of `steps` steps of each VL stage (the recipe's
-    rates and batch size). Changes `lm.model`'s weights: run it last."""
+    rates and batch size), and the step's arithmetic rate against the machine's matrix-product peak
+    (`step_flops` / seconds per step, over `matmul_rate`: how far from the hardware's limit training runs).
+    Changes `lm.model`'s weights: run it last."""
     from sinklib import vl
     from sinklib.core.train import train_threads
 
@@ -104,14 +143,18 @@ def train_row(lm, steps: int = TRAIN_STEPS, batch_size: int | None = None) -> li
     bs = batch_size or rec["batch_size"]
     r = vl.train_vl(lm.model, lm.tokenizer, stage1_steps=steps, stage2_steps=steps, batch_size=bs, seed=0,
                     lr_lm=rec["lr_lm"], lr_projector_stage2=rec["lr_projector_stage2"], progress=False)
+    peak = matmul_rate()
     out = []
     for stage, budget in r.budget.items():
         hist = [h["seconds"] for h in r.history if h["stage"].startswith(f"VL stage {stage[-1]}")]
         sec = sum(hist) or float("nan")
+        flops = step_flops(lm, stage, bs)
+        fastest = min(hist) if hist else float("nan")
         out.append({"part": "training", "model": lm.name, "suite": stage, "code": "after", "steps": budget["steps"],
                     "batch": bs, "threads": train_threads(), "seconds_per_step": sec / max(1, len(hist)),
                     "items_per_s": budget["examples"] / sec, "tokens_per_s": budget["input_positions"] / sec,
-                    "median_s": sec})
+                    "median_s": sec, "flops_per_step": flops, "gflops_per_s": flops / fastest / 1e9,
+                    "matmul_gflops_per_s": peak, "share_of_matmul_peak": flops / fastest / 1e9 / peak})
     return out
 
 
