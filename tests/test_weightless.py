@@ -111,3 +111,15 @@ def test_a_chapter_says_which_checkpoints_it_retrained(cache, monkeypatch):
     assert pairs.retrained_sentence() == pairs.retrained_sentence(rows)
     assert "1 of 1 came out bit-identical" in pairs.retrained_sentence(rows)
     assert "differ in rounding" in pairs.retrained_sentence(rows + [{"checkpoint": "vl/x", "bit_identical": False}])
+
+
+def test_the_low_memory_base_is_saved_again_where_it_came_without_weights(cache):
+    from sinklib.adapt import fourpanel
+
+    lm = _lm()
+    params = {"model": "tiny-llama", "weights": "random"}
+    fourpanel.base_source(lm, params, low_memory=True)
+    _strip(fourpanel.base_dir(params))
+    base = fourpanel.base_source(lm, params, low_memory=True)
+    assert sk_cache.weights_present(fourpanel.base_dir(params))
+    assert all(torch.equal(base()[k], v) for k, v in lm.model.state_dict().items())

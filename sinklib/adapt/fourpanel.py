@@ -123,7 +123,7 @@ def base_source(lm: Any, params: Mapping[str, Any], *, low_memory: bool = False)
         kept = vl.clone_state_dict(lm.model)
         return lambda: kept
     d = base_dir(params)
-    if not cache.checkpoint_exists(d):
+    if not cache.weights_present(d):  # also when carried from another machine without its weights
         cache.save_checkpoint(d, lm.model, meta={"kind": "base weights", "model": params["model"]})
     return lambda: cache.load_state(d, lm.model)
 
