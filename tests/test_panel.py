@@ -465,3 +465,17 @@ def test_panel_grid_one_panel_per_model(n, shape):
     plt.close("all")
     with pytest.raises(ValueError, match="n >= 1"):
         plots.panel_grid(0)
+
+
+def test_chapter_11s_lora_panel_is_read_apart_from_chapter_4s_pairs(tmp_path):
+    """Chapter 11's rows (LoRA) live under their own key: chapter 5's 'pairs' never pools them with chapter 4's."""
+    import json
+
+    from sinklib.stats.schema import PANEL_KEYS, collect_panel_rows
+
+    row = {"pair": "p", "vlm": "v", "llm": "m", "qk_norm": "none", "S": 0.5, "delta_instructions_strict": -3.0,
+           "source": "measured"}
+    (tmp_path / "04.json").write_text(json.dumps({"results": {PANEL_KEYS["pairs"]: [row]}}))
+    (tmp_path / "11.json").write_text(json.dumps({"results": {PANEL_KEYS["lora"]: [dict(row, llm="n")]}}))
+    assert collect_panel_rows(tmp_path).llm.tolist() == ["m"]
+    assert collect_panel_rows(tmp_path, panel="lora").llm.tolist() == ["n"]

@@ -198,8 +198,10 @@ def read_panel(path: str | Path | None = None, *, min_rows: int = 0) -> pd.DataF
 
 
 #: the results keys of the measured panels (the contract between the chapters that write rows and chapter 5):
-#: 'pairs' = chapter 4's VL pairs of embedded models, 'tiny' = chapter 7's controlled panel of tiny models
-PANEL_KEYS: dict[str, str] = {"pairs": "panel_rows", "tiny": "tiny_panel_rows"}
+#: 'pairs' = chapter 4's VL pairs of embedded models (full fine-tunes), 'tiny' = chapter 7's controlled panel of
+#: tiny models, 'lora' = chapter 11's four-model panel (LoRA at chapter 10's frozen recipe): kept apart from 'pairs',
+#: because pooling the two would confound the training method with the model
+PANEL_KEYS: dict[str, str] = {"pairs": "panel_rows", "tiny": "tiny_panel_rows", "lora": "lora_panel_rows"}
 
 
 def _results_dir(results_dir: str | Path | None) -> Path:
