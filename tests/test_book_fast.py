@@ -230,6 +230,25 @@ def test_time_left_and_progress_line():
     assert reproduce.progress_line(1, 3, "01_x", 0, None, "").endswith("left ~?")
     over = reproduce.progress_line(1, 3, "04_x", 3600.0, 60.0, "VL stage 1 5/200", overrun=48.0)
     assert "past its saved run time of 0:00:48" in over and "then ~0:01:00 for the chapters after it" in over
+    assert "empty cache" not in over
+    cold = reproduce.progress_line(1, 3, "04_x", 3600.0, 60.0, "", overrun=48.0, cold=5 * 3600 + 7)
+    assert "from an empty cache it computes at least 5:00:07" in cold
+
+
+def test_a_chapter_s_compute_from_an_empty_cache_is_what_its_results_record(tmp_path):
+    """`costs.compute_seconds`: trainings, each evaluated suite once per condition, chapter 11's jobs."""
+    import json
+
+    from sinklib.book import costs
+
+    doc = {"results": {"runtime": [{"stage": "stage1", "seconds": 100}],
+                       "scores": [{"model": "m", "condition": "vl", "suite": "math", "metric": "strict", "seconds": 20},
+                                  {"model": "m", "condition": "vl", "suite": "math", "metric": "lenient", "seconds": 20}],
+                       "job_seconds": {"m seed 0 vl": 30.0}}}
+    (tmp_path / "04_x.json").write_text(json.dumps(doc))
+    (tmp_path / "05_x.json").write_text(json.dumps({"results": {"S": 1}}))
+    assert costs.compute_seconds("04_x", tmp_path) == 150.0
+    assert costs.compute_seconds("05_x", tmp_path) is None and costs.compute_seconds("06_x", tmp_path) is None
 
 
 def test_progress_side_channel(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from sinklib.book import compare, record, runner, stale
+from sinklib.book import compare, costs, record, runner, stale
 from sinklib.core import progress
 
 STATE_DIR = runner.REPO / "_build" / "reproduce"
@@ -62,13 +62,16 @@ def clock(seconds: float | None) -> str:
 
 
 def progress_line(i: int, n: int, name: str, elapsed: float, left: float | None, step: str,
-                  overrun: float | None = None) -> str:
+                  overrun: float | None = None, cold: float | None = None) -> str:
     """``[2/8] 02_sink_strength  elapsed 0:03:10  left ~0:05:00  (training 12/40)``; with `overrun` (the chapter's
-    saved run time, when the chapter has run longer than that) the estimate says it no longer counts this chapter."""
+    saved run time, when the chapter has run longer than that) the estimate says it no longer counts this chapter,
+    and with `cold` (`costs.compute_seconds`: what the chapter records of its trainings and evaluations) how long
+    the chapter takes from an empty cache."""
     tail = f"  ({step})" if step else ""
     if overrun is not None:
+        empty = f"; from an empty cache it computes at least {clock(cold)}" if cold else ""
         return (f"[{i}/{n}] {name}  elapsed {clock(elapsed)}  past its saved run time of {clock(overrun)} (measured "
-                f"with what that run found cached), then ~{clock(left)} for the chapters after it{tail}")
+                f"with what that run found cached{empty}), then ~{clock(left)} for the chapters after it{tail}")
     return f"[{i}/{n}] {name}  elapsed {clock(elapsed)}  left ~{clock(left)}{tail}"
 
 
@@ -85,7 +88,8 @@ class Ticker:
         ran = time.time() - self.t_chapter
         left, saved = time_left(order, est, i, ran), est.get(order[i])
         return progress_line(i + 1, len(order), order[i], time.time() - t_run, left, progress.describe(progress.read(pfile)),
-                             overrun=saved if saved is not None and ran > saved else None)
+                             overrun=saved if saved is not None and ran > saved else None,
+                             cold=costs.compute_seconds(order[i], runner.results_dir()))
 
     def _loop(self):
         while not self.stop_event.wait(self.every):
@@ -267,9 +271,11 @@ def reproduce(only: list[str] | None = None, profile: str = "full", device: str 
     fps = {n: fingerprint(n, profile, device_params(n, device)) for n in order}
     todo = pending(order, state, fps)
     est = estimates(order)
+    cold = sum(costs.compute_seconds(n, runner.results_dir()) or 0 for n in todo)
     print(f"reproduce: {len(order)} chapter(s), profile={profile}, device={device or 'as the profile says'}; "
           f"{len(order) - len(todo)} already done in this reproduction; estimated "
-          f"{clock(sum(est[n] or 0 for n in todo))} by the saved run times", flush=True)
+          f"{clock(sum(est[n] or 0 for n in todo))} by the saved run times (with what those runs found cached)"
+          + (f", at least {clock(cold)} of training and evaluation from an empty cache" if cold else ""), flush=True)
     failed = _run_chapters(order, todo, profile, device, state, state_path)
     if failed is None:
         state_path.unlink(missing_ok=True)   # finished: the next call is a new reproduction, not a resume
