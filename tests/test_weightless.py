@@ -123,3 +123,20 @@ def test_the_low_memory_base_is_saved_again_where_it_came_without_weights(cache)
     base = fourpanel.base_source(lm, params, low_memory=True)
     assert sk_cache.weights_present(fourpanel.base_dir(params))
     assert all(torch.equal(base()[k], v) for k, v in lm.model.state_dict().items())
+
+
+def test_an_evaluation_says_which_machine_computed_it(cache, monkeypatch):
+    import types
+
+    import numpy as np
+
+    from sinklib import evals
+    from sinklib.core import sink
+
+    lm = _lm()
+    monkeypatch.setattr(evals, "run_suites", lambda *a, **k: {})  # the suites themselves are tested elsewhere
+    monkeypatch.setattr(sink, "sink_strength", lambda *a, **k: types.SimpleNamespace(S=0.5, mass=np.zeros((1, 1))))
+    pair = pairs.Pair(params=_params(), states={"base": vl.clone_state_dict(lm.model)}, projector=None, encoder=None)
+    ev = pairs.evaluate_condition(lm, pair, "base", eval_n={"knowledge": 2}, prompts=["a b c"], sink_kwargs={})
+    assert ev["machine"] == sk_cache.machine()
+    assert set(ev["machine"]) == {"boot", "cpu", "cores"} and len(ev["machine"]["boot"]) == 8

@@ -358,7 +358,8 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
     """Text suites, Sink Strength and (for 'vl') VQA accuracy of one condition; cached by its parameters.
 
     Returns {"scores": [rows of evals.results_table], "outcomes": per-item outcomes (`evals.paired.outcomes`),
-    "S": float, "mass": [L][H], "vqa": (acc, n) | None}.
+    "S": float, "mass": [L][H], "vqa": (acc, n) | None, "seconds", "machine": `cache.machine()` (absent from
+    evaluations cached before session 41)}.
     `lm.model` is left holding the base weights. `key_extra` joins the cache key (for example the
     parameters of a merge that made the condition).
     """
@@ -384,7 +385,7 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
                                                           phrasing_of(pair.params)))
                 vqa = [acc, n]
             return {"scores": evals.results_table(res), "outcomes": outcomes(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
-                    "seconds": {k: r.seconds for k, r in res.items()}}
+                    "seconds": {k: r.seconds for k, r in res.items()}, "machine": cache.machine()}
         finally:
             pair.load_into(lm.model, "base")
 

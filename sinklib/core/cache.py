@@ -180,6 +180,19 @@ def fill_weights(path: str | Path, model: nn.Module) -> dict:
     return note
 
 
+def machine() -> dict:
+    """Which machine computed a cached result: {'boot': 8 hex digits of the hostname and this boot's id (a new
+    machine, or the same one restarted, gets a new one), 'cpu': the CPU's model name, 'cores'}."""
+    import platform
+
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    ident = platform.node() + (boot.read_text().strip() if boot.exists() else "")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+        else platform.processor()
+    return {"boot": hashlib.sha256(ident.encode()).hexdigest()[:8], "cpu": cpu or "?", "cores": os.cpu_count()}
+
+
 def filled_here() -> list[dict]:
     """[{'checkpoint': folder relative to the cache, 'bit_identical'}] of every checkpoint `fill_weights` retrained
     in this process (a chapter saves it with its results)."""
