@@ -264,3 +264,13 @@ def test_the_random_control_rebuilds_a_carried_vl_snapshot_instead_of_training(t
     again = sk_cache.load_state(d, lm.model)
     assert all(torch.equal(again[k], trained[k]) for k in trained)
     assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in base().items())
+
+
+def test_panelprep_can_run_a_part_of_the_panel():
+    from sinklib.adapt import panelprep
+
+    p = {"models": ["a", "b", "c"], "seeds": [0, 1], "kinds": ["vl"]}
+    assert panelprep.subset(p, models=["c", "a"]) == {"models": ["a", "c"], "seeds": [0, 1], "kinds": ["vl"]}
+    assert panelprep.subset(p, seeds=[1])["seeds"] == [1] and panelprep.subset(p) == p
+    with pytest.raises(ParameterError, match=r"--models \['d'\] is not among chapter 11's models"):
+        panelprep.subset(p, models=["d"])

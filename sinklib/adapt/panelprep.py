@@ -25,6 +25,23 @@ def chapter_params(profile: str = "full", root: Path | None = None) -> dict:
     return notebook_params(CHAPTER, profile, CHAPTER11_PARAMS, root)
 
 
+def subset(p: dict, *, models: list[str] | None = None, seeds: list[int] | None = None) -> dict:
+    """The chapter's parameters with only `models` and `seeds` (None: all), in the chapter's order; a name or seed
+    the chapter does not have is a clear error (a job outside the chapter's design would fill the cache for
+    nothing)."""
+    from sinklib.errors import ParameterError
+
+    out = dict(p)
+    for key, want in (("models", models), ("seeds", seeds)):
+        if want is None:
+            continue
+        bad = [w for w in want if w not in p[key]]
+        if bad:
+            raise ParameterError(f"panelprep: --{key} {bad} is not among chapter 11's {key} {p[key]}")
+        out[key] = [x for x in p[key] if x in want]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from sinklib.adapt import fourpanel
     from sinklib.book.results import load_results
@@ -32,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="fill chapter 11's cache job by job (the primary test's jobs first)")
     ap.add_argument("--profile", default="full")
     ap.add_argument("--primary-only", action="store_true", help="only base and VL at the first seed of each model")
+    ap.add_argument("--models", nargs="+", help="only these of the chapter's models (to fit a job into what is left "
+                    "of a session: the 1.5B model's VL job alone takes about 2.5-3 h)")
+    ap.add_argument("--seeds", nargs="+", type=int, help="only these of the chapter's training seeds")
     args = ap.parse_args(argv)
-    p = chapter_params(args.profile)
+    p = subset(chapter_params(args.profile), models=args.models, seeds=args.seeds)
     recipe = fourpanel.recipe_of(load_results("10_calibration"), p["lr_lm"], p["stage2_steps"])
     print(f"chapter 11 ({args.profile}): models {', '.join(p['models'])}, seeds {p['seeds']}, recipe {recipe}",
           flush=True)
