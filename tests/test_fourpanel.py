@@ -274,3 +274,37 @@ def test_panelprep_can_run_a_part_of_the_panel():
     assert panelprep.subset(p, seeds=[1])["seeds"] == [1] and panelprep.subset(p) == p
     with pytest.raises(ParameterError, match=r"--models \['d'\] is not among chapter 11's models"):
         panelprep.subset(p, models=["d"])
+
+
+def test_the_chapter_says_where_its_evaluations_ran():
+    from sinklib.claims import ch11
+
+    a, b = {"boot": "aaaa1111", "cpu": "EPYC", "cores": 2}, {"boot": "bbbb2222", "cpu": "EPYC", "cores": 2}
+    panel = {"base": {"m": {"machine": a}, "n": {}},
+             "evals": {("m", 0, "vl"): {"machine": b, "note": {"weights": {"rebuilt from": "LoRA record",
+                                                                           "bit_identical": True}}}},
+             "random": {"m": {"evaluation": {"machine": a}}, "n": {"evaluation": None}}}
+    m = ch11.machines(panel)
+    assert m == {"evaluations": 4, "unrecorded": 1, "machines": {"aaaa1111": "EPYC, 2 cores", "bbbb2222": "EPYC, 2 cores"},
+                 "rebuilt": ["m 0 vl"], "not bit-identical": []}
+    s = ch11.machines_sentence(m)
+    assert s.startswith("the 4 evaluations ran on 2 machine(s) (EPYC, 2 cores), 1 of them computed before")
+    assert "1 read a snapshot trained on another machine and rebuilt or retrained here (m 0 vl), every one bit-identical" in s
+    panel["evals"][("m", 0, "vl")]["note"]["weights"]["bit_identical"] = False
+    assert "1 of them not bit-identical to the first training: m 0 vl" in ch11.machines_sentence(ch11.machines(panel))
+    assert "trained on the machine that evaluated them" in ch11.machines_sentence(ch11.machines({"base": {}, "evals": {}, "random": {}}))
+
+
+def test_a_job_evaluated_from_a_rebuilt_snapshot_says_so(tmp_path, monkeypatch):
+    import shutil
+
+    from sinklib.adapt import dose
+
+    out, seen, snaps, base = _run(tmp_path, monkeypatch, low_memory=False)   # trained here: no note
+    lm, params, seqs, kw = _random_setup()
+    notes = []
+    monkeypatch.setattr(pairs, "evaluate_condition", lambda lm_, pair, cond, **k: notes.append(k.get("note")) or {})
+    fourpanel.run_condition(lm, params, "vl", base, **kw)
+    shutil.rmtree(dose.snapshot_dir(params, "vl", params["stage2_steps"]))  # as on the next machine
+    fourpanel.run_condition(lm, params, "vl", base, **kw)
+    assert notes == [None, {"weights": {"rebuilt from": "LoRA record", "bit_identical": True}}]

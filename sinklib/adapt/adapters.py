@@ -99,6 +99,18 @@ def _check_sums(want: Mapping[str, list[float]], got: Mapping[str, list[float]],
     return worst
 
 
+def made_here(checkpoint: str | Path) -> dict | None:
+    """How the weights of `checkpoint` came to this machine, when not by training here: {'rebuilt from': 'LoRA
+    record', 'bit_identical'} (`rebuild`) or {'retrained from': 'carried training log', 'bit_identical'}
+    (`cache.fill_weights`); None when it was trained here."""
+    checkpoint = Path(checkpoint)
+    if (checkpoint / "rebuilt.json").exists():
+        r = json.loads((checkpoint / "rebuilt.json").read_text())
+        return {"rebuilt from": "LoRA record", "bit_identical": r["bit_identical"]}
+    r = cache.retrained(checkpoint)
+    return None if r is None else {"retrained from": "carried training log", "bit_identical": r["bit_identical"]}
+
+
 @torch.no_grad()
 def rebuild(checkpoint: str | Path, model: nn.Module) -> bool:
     """Write the checkpoint `checkpoint` (missing, or carried without its weights) from its record: `model`'s weights

@@ -142,7 +142,7 @@ def run_condition(lm: Any, params: Mapping[str, Any], kind: str, base: Callable[
     (`pairs.evaluate_condition` under `dose.snapshot_name`, VQA with its projector for 'vl'); with `low_memory`
     no state but the model's own is kept between reads. -> the evaluation."""
     from sinklib import vl
-    from sinklib.adapt import dose
+    from sinklib.adapt import adapters, dose
     from sinklib.adapt.pairs import cached_evaluation, evaluate_condition
     from sinklib.core import cache
 
@@ -157,7 +157,8 @@ def run_condition(lm: Any, params: Mapping[str, Any], kind: str, base: Callable[
     states = _pair(params, base, streamed=low_memory, **{name: lambda: cache.load_state(d, lm.model)})
     pair = Pair(params=dict(params), states=states, projector=ck.projector if kind == "vl" else None,
                 encoder=ck.encoder if kind == "vl" else None)
-    return evaluate_condition(lm, pair, name, **kw)
+    made = adapters.made_here(d)  # a snapshot rebuilt from its LoRA record: the evaluation says so
+    return evaluate_condition(lm, pair, name, **kw, note={"weights": made} if made else None)
 
 
 def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False,

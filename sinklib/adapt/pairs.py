@@ -354,14 +354,16 @@ def cached_evaluation(pair_params: Mapping[str, Any], condition: str, **evaluate
 
 def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mapping[str, int], seed: int = 0,
                        prompts: list[str], sink_kwargs: Mapping[str, Any], vqa_n: int = 0,
-                       eval_batch_size: int = 8, refresh: bool = False, key_extra: Mapping[str, Any] | None = None) -> dict:
+                       eval_batch_size: int = 8, refresh: bool = False, key_extra: Mapping[str, Any] | None = None,
+                       note: Mapping[str, Any] | None = None) -> dict:
     """Text suites, Sink Strength and (for 'vl') VQA accuracy of one condition; cached by its parameters.
 
     Returns {"scores": [rows of evals.results_table], "outcomes": per-item outcomes (`evals.paired.outcomes`),
     "S": float, "mass": [L][H], "vqa": (acc, n) | None, "seconds", "machine": `cache.machine()` (absent from
     evaluations cached before session 41)}.
     `lm.model` is left holding the base weights. `key_extra` joins the cache key (for example the
-    parameters of a merge that made the condition).
+    parameters of a merge that made the condition); `note` is stored with a result computed now, outside the key
+    (for example how the weights evaluated were made on this machine).
     """
     from sinklib import evals
     from sinklib.core import sink
@@ -385,7 +387,8 @@ def evaluate_condition(lm: Loaded, pair: Pair, condition: str, *, eval_n: Mappin
                                                           phrasing_of(pair.params)))
                 vqa = [acc, n]
             return {"scores": evals.results_table(res), "outcomes": outcomes(res), "S": s.S, "mass": s.mass.tolist(), "vqa": vqa,
-                    "seconds": {k: r.seconds for k, r in res.items()}, "machine": cache.machine()}
+                    "seconds": {k: r.seconds for k, r in res.items()}, "machine": cache.machine(),
+                    **({"note": dict(note)} if note else {})}
         finally:
             pair.load_into(lm.model, "base")
 

@@ -126,4 +126,34 @@ def panel_rows(rows: pd.DataFrame, qk_norm: Mapping[str, str]) -> list[dict]:
     return out
 
 
-__all__ = ["panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+def machines(panel: Mapping[str, Any]) -> dict:
+    """Where the panel's evaluations ran (`cache.machine` as each evaluation recorded it) and which read weights
+    rebuilt from a LoRA record or retrained from a carried log instead of trained on the same machine:
+    {'evaluations', 'unrecorded', 'machines': {boot: cpu}, 'rebuilt': [job], 'not bit-identical': [job]}."""
+    evs = {("base", m): ev for m, ev in panel["base"].items()}
+    evs.update({tuple(job): ev for job, ev in panel["evals"].items()})
+    evs.update({("random", m): r["evaluation"] for m, r in panel["random"].items() if r.get("evaluation")})
+    tags = {job: ev.get("machine") for job, ev in evs.items()}
+    made = {job: (ev.get("note") or {}).get("weights") for job, ev in evs.items()}
+    return {"evaluations": len(evs), "unrecorded": sum(t is None for t in tags.values()),
+            "machines": {t["boot"]: f"{t['cpu']}, {t['cores']} cores" for t in tags.values() if t},
+            "rebuilt": [" ".join(map(str, j)) for j, w in made.items() if w],
+            "not bit-identical": [" ".join(map(str, j)) for j, w in made.items() if w and not w["bit_identical"]]}
+
+
+def machines_sentence(m: Mapping[str, Any]) -> str:
+    """`machines` in words, for the chapter's note on where it ran."""
+    kinds = sorted(set(m["machines"].values()))
+    out = (f"the {m['evaluations']} evaluations ran on {len(m['machines'])} machine(s) ({'; '.join(kinds) or 'none recorded'})"
+           + (f", {m['unrecorded']} of them computed before sinkbook recorded the machine" if m["unrecorded"] else ""))
+    if m["rebuilt"]:
+        bad = m["not bit-identical"]
+        out += (f"; {len(m['rebuilt'])} read a snapshot trained on another machine and rebuilt or retrained here "
+                f"({', '.join(m['rebuilt'])}), " + (f"{len(bad)} of them not bit-identical to the first training: "
+                                                    f"{', '.join(bad)}" if bad else "every one bit-identical"))
+    else:
+        out += "; every evaluation read weights trained on the machine that evaluated them"
+    return out
+
+
+__all__ = ["machines", "machines_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
