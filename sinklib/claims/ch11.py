@@ -144,8 +144,11 @@ def machines(panel: Mapping[str, Any]) -> dict:
 def machines_sentence(m: Mapping[str, Any]) -> str:
     """`machines` in words, for the chapter's note on where it ran."""
     kinds = sorted(set(m["machines"].values()))
-    out = (f"the {m['evaluations']} evaluations ran on {len(m['machines'])} machine(s) ({'; '.join(kinds) or 'none recorded'})"
-           + (f", {m['unrecorded']} of them computed before sinkbook recorded the machine" if m["unrecorded"] else ""))
+    if m["machines"]:
+        out = (f"the {m['evaluations']} evaluations ran on {len(m['machines'])} machine(s) ({'; '.join(kinds)})"
+               + (f", {m['unrecorded']} of them computed before sinkbook recorded the machine" if m["unrecorded"] else ""))
+    else:
+        out = f"the {m['evaluations']} evaluations do not record their machine (computed before sinkbook recorded it)"
     if m["rebuilt"]:
         bad = m["not bit-identical"]
         out += (f"; {len(m['rebuilt'])} read a snapshot trained on another machine and rebuilt or retrained here "
