@@ -29,6 +29,10 @@ def change_norms(base_dir: str | Path, other_dir: str | Path) -> dict[str, float
     tensors are stored once), read one tensor at a time."""
     from safetensors import safe_open
 
+    from sinklib.core import cache
+
+    for d in (base_dir, other_dir):  # one carried without its weights is made first (or a clear error)
+        cache.ensure_weights(d)
     out: dict[str, float] = {}
     with safe_open(str(Path(base_dir) / "model.safetensors"), "pt") as fb, \
             safe_open(str(Path(other_dir) / "model.safetensors"), "pt") as fo:
