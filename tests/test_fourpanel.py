@@ -171,7 +171,8 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
     cell = nbformat.v4.new_code_cell('models = ["smollm2-135m"]\ndevice = "auto"\nseeds = [0, 1]\nkinds = ["vl"]\n'
                                      'low_memory_models = []\nrandom_scales = []\nimage_size = 48\nstage1_steps = 5\n'
                                      'batch_size = 4\nlr_projector = 0.01\nschedule = "constant"\n'
-                                     'lr_lm = "chapter10"\nstage2_steps = 3\nn_prompts = 4\nlast_k_layers = 10\n'
+                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\nstage2_steps = 3\nn_prompts = 4\n'
+                                     'last_k_layers = 10\n'
                                      'max_tokens = 32\nvqa_n = 16\neval_instructions = 2\neval_math = 2\n'
                                      'eval_knowledge = 8\neval_perplexity = 2\neval_batch_size = 8\n'
                                      'show_progress = False\nprofile = "full"',
@@ -180,6 +181,7 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), tmp_path / "notebooks" / "11_four_panel.ipynb")
     p = panelprep.chapter_params("full", root=tmp_path)
     assert p["seeds"] == [0, 1] and p["lr_lm"] == "chapter10" and p["stage2_steps"] == 3
+    assert p["lr_rule"] == "recipe-scaled"
 
 
 def test_the_random_control_made_in_place_is_random_direction_likes(tmp_path, monkeypatch):
@@ -309,3 +311,20 @@ def test_a_job_evaluated_from_a_rebuilt_snapshot_says_so(tmp_path, monkeypatch):
     shutil.rmtree(dose.snapshot_dir(params, "vl", params["stage2_steps"]))  # as on the next machine
     fourpanel.run_condition(lm, params, "vl", base, **kw)
     assert notes == [None, {"weights": {"rebuilt from": "LoRA record", "bit_identical": True}}]
+
+
+def test_the_amended_rate_rule_scales_only_the_models_with_a_recipe_rate_of_their_own():
+    rec = {**RECIPE, "calibrated_on": "smollm2-135m", "lr_lm": 2e-3}
+    assert fourpanel.model_rate("gemma3-270m", rec) == 2e-3                                  # pre-registered
+    assert fourpanel.model_rate("gemma3-270m", rec, "recipe-scaled") == pytest.approx(4e-4)  # 1e-5 / 5e-5 of it
+    for m in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert fourpanel.model_rate(m, rec, "recipe-scaled") == 2e-3
+        kw = dict(image_size=48, stage1_steps=200, batch_size=32, lr_projector=0.01, schedule="constant")
+        assert (fourpanel.panel_params(m, "w", rec, 0, **kw) ==
+                fourpanel.panel_params(m, "w", rec, 0, **kw, lr_rule="recipe-scaled"))     # the same jobs and keys
+    g = fourpanel.panel_params("gemma3-270m", "w", rec, 0, image_size=48, stage1_steps=200, batch_size=32,
+                               lr_projector=0.01, schedule="constant", lr_rule="recipe-scaled")
+    assert g["lr_lm"] == g["lr_projector_stage2"] == pytest.approx(4e-4)
+    assert fourpanel.model_rate("gemma3-270m", {**rec, "calibrated_on": None}, "recipe-scaled") == 2e-3
+    with pytest.raises(ParameterError, match="lr_rule"):
+        fourpanel.model_rate("m", rec, "scaled")

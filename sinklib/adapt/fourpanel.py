@@ -34,6 +34,10 @@ MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.
 KINDS = ("vl", "text_only")
 PRIMARY = "instructions strict"
 PHRASING = "field"
+#: how each model's stage-2 rate follows from the frozen recipe: 'frozen' (the same rate for all four: the
+#: pre-registered design) or 'recipe-scaled' (times the model's own full fine-tune rate over the calibration model's,
+#: `vl.recipe_for`: the amendment written after Gemma-3's first job failed its preconditions, session 41)
+LR_RULES = ("frozen", "recipe-scaled")
 
 
 def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
@@ -50,17 +54,31 @@ def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
     return {"calibrated_on": name, "lr_lm": float(rec["lr_lm"]), "stage2_steps": int(rec["stage2_steps"]), **method}
 
 
+def model_rate(name: str, recipe: Mapping[str, Any], lr_rule: str = "frozen") -> float:
+    """One model's stage-2 rate under `lr_rule` (`LR_RULES`): the frozen rate, or (recipe-scaled) the frozen rate
+    times the model's full fine-tune rate over the calibration model's (`vl.recipe_for`; 1 without one)."""
+    from sinklib import vl
+
+    rule = check_choice("lr_rule", lr_rule, LR_RULES)
+    ref = recipe.get("calibrated_on")
+    if rule == "frozen" or not ref:
+        return float(recipe["lr_lm"])
+    return float(recipe["lr_lm"]) * vl.recipe_for(name)["lr_lm"] / vl.recipe_for(ref)["lr_lm"]
+
+
 def panel_params(name: str, weights: str, recipe: Mapping[str, Any], seed: int, *, image_size: int,
-                 stage1_steps: int, batch_size: int, lr_projector: float, schedule: str) -> dict:
-    """The pair parameters of one model and training seed under the frozen recipe (the projector trains at the
-    LM's stage-2 rate, LLaVA-1.5's rule, as in chapter 10), in the 'field' phrasing."""
+                 stage1_steps: int, batch_size: int, lr_projector: float, schedule: str,
+                 lr_rule: str = "frozen") -> dict:
+    """The pair parameters of one model and training seed under the frozen recipe, at the model's rate under
+    `lr_rule` (`model_rate`; the projector trains at the LM's stage-2 rate, LLaVA-1.5's rule, as in chapter 10), in
+    the 'field' phrasing. A model whose rate the rule leaves unchanged has the same parameters under both rules."""
     from sinklib.adapt.pairs import pair_params
 
     lora = {k: recipe[k] for k in ("lm_method", "lora_rank", "lora_alpha", "lora_targets")}
+    lr = model_rate(name, recipe, lr_rule)
     return pair_params(name, weights=weights, seed=seed, image_size=image_size, stage1_steps=stage1_steps,
                        stage2_steps=recipe["stage2_steps"], batch_size=batch_size, lr_projector=lr_projector,
-                       lr_lm=recipe["lr_lm"], lr_projector_stage2=recipe["lr_lm"], schedule=schedule,
-                       phrasing=PHRASING, **lora)
+                       lr_lm=lr, lr_projector_stage2=lr, schedule=schedule, phrasing=PHRASING, **lora)
 
 
 def jobs(models: Sequence[str], seeds: Sequence[int], kinds: Sequence[str] = KINDS,
@@ -316,7 +334,7 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
             lm = load_model(name, device=p["device"])
         pp = panel_params(name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
                           stage1_steps=p["stage1_steps"], batch_size=p["batch_size"],
-                          lr_projector=p["lr_projector"], schedule=p["schedule"])
+                          lr_projector=p["lr_projector"], schedule=p["schedule"], lr_rule=p.get("lr_rule", "frozen"))
         base = base or base_source(lm, pp, low_memory=low)
         kw = dict(eval_n=counts(p), seed=0, prompts=prompts, vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"],
                   sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
@@ -375,7 +393,7 @@ def _params() -> dict:
     return {**MODEL_PARAMS, "seeds": list_of(integer(0)), "kinds": list_of(choice(KINDS)),
             "low_memory_models": list_of(text(), min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
             "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
-            "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)),
+            "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)), "lr_rule": choice(LR_RULES),
             "stage2_steps": or_ch10(integer(1, 10**6)), "n_prompts": prompt_count,
             "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192), "vqa_n": integer(1, 100_000),
             **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
@@ -385,6 +403,6 @@ def _params() -> dict:
 CHAPTER11_PARAMS = _params()
 
 
-__all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "frozen_recipe", "panel_params", "jobs", "checkpointing",
+__all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "LR_RULES", "model_rate", "frozen_recipe", "panel_params", "jobs", "checkpointing",
            "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence",
            "random_control", "random_control_low", "base_dir", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]
