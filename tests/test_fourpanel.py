@@ -328,3 +328,14 @@ def test_the_amended_rate_rule_scales_only_the_models_with_a_recipe_rate_of_thei
     assert fourpanel.model_rate("gemma3-270m", {**rec, "calibrated_on": None}, "recipe-scaled") == 2e-3
     with pytest.raises(ParameterError, match="lr_rule"):
         fourpanel.model_rate("m", rec, "scaled")
+
+
+def test_a_pair_left_out_says_why_with_its_numbers():
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    row = {"model": "g", "VQA": 34.5, "majority": 38.0, "learned": False, "VL: knowledge acc": Est(-33.0, -38.7, -27.7)}
+    assert ch11.precondition_sentence(row) == ("g: VQA 34.5 % against the blind majority's 38.0 % (not learned); "
+                                               "knowledge -33.0 [-38.7, -27.7] points (fell)")
+    ok = {**row, "learned": True, "VQA": 55.0, "VL: knowledge acc": Est(5.0, 1.3, 8.7)}
+    assert ch11.precondition_sentence(ok).endswith("(learned at every seed); knowledge +5.0 [+1.3, +8.7] points (held)")

@@ -80,6 +80,17 @@ def display(rows: pd.DataFrame):
                                            "blind majority answer (Wilson)")
 
 
+def precondition_sentence(row: Mapping[str, Any]) -> str:
+    """Why one pair of `pair_rows` is in or out of the primary test, with its numbers."""
+    k = row["VL: knowledge acc"]
+    task = (f"VQA {row['VQA']:.1f} % against the blind majority's {row['majority']:.1f} % "
+            f"({'learned' if row['learned'] else 'not learned'} at every seed)" if row["learned"] else
+            f"VQA {row['VQA']:.1f} % against the blind majority's {row['majority']:.1f} % (not learned)")
+    know = "knowledge not measured" if k is None else (f"knowledge {k.v:+.1f} [{k.lo:+.1f}, {k.hi:+.1f}] points "
+                                                        f"({'held' if not k.hi < 0 else 'fell'})")
+    return f"{row['model']}: {task}; {know}"
+
+
 def primary_of(rows: pd.DataFrame) -> dict:
     """`primary_test` over the models whose precondition holds (their VL change of the primary metric, pooled)."""
     ok = rows[rows.precondition]
@@ -159,4 +170,4 @@ def machines_sentence(m: Mapping[str, Any]) -> str:
     return out
 
 
-__all__ = ["machines", "machines_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+__all__ = ["machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
