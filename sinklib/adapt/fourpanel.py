@@ -63,7 +63,8 @@ def model_rate(name: str, recipe: Mapping[str, Any], lr_rule: str = "frozen") ->
     ref = recipe.get("calibrated_on")
     if rule == "frozen" or not ref:
         return float(recipe["lr_lm"])
-    return float(recipe["lr_lm"]) * vl.recipe_for(name)["lr_lm"] / vl.recipe_for(ref)["lr_lm"]
+    own, cal = vl.recipe_for(name)["lr_lm"], vl.recipe_for(ref)["lr_lm"]
+    return float(recipe["lr_lm"]) if own == cal else float(recipe["lr_lm"]) * own / cal  # unchanged: the same float
 
 
 def panel_params(name: str, weights: str, recipe: Mapping[str, Any], seed: int, *, image_size: int,
