@@ -27,9 +27,11 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def file_sha256(path: str | Path) -> str | None:
-    """sha256 of a file's bytes, or None when it does not exist."""
+    """sha256 of a file's bytes (read in blocks: `sinklib.core.cache.file_sha256`), or None when it does not exist."""
+    from sinklib.core.cache import file_sha256 as streamed
+
     path = Path(path)
-    return sha256_bytes(path.read_bytes()) if path.exists() else None
+    return streamed(path) if path.exists() else None
 
 
 def code_sha256(sources: list[str], skip_prefix: str | None = None) -> str:
