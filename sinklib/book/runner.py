@@ -50,6 +50,7 @@ READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
     "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel"),
     "08_causal_tests": ("04_vl_adaptation",),
     "09_sink_panel": ("07_controlled_panel",),
+    "11_four_panel": ("02_sink_strength", "10_calibration"),
 }
 
 
