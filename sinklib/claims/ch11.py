@@ -123,9 +123,9 @@ def random_rows(panel: Mapping[str, Any], first_seed: int, models: list[str]) ->
 
 
 def panel_rows(rows: pd.DataFrame, qk_norm: Mapping[str, str]) -> list[dict]:
-    """Chapter 11's pairs as chapter 5's panel reads them (`adapt.scores.panel_row`, the schema of chapter 4's rows):
-    base S, QK-norm type and each metric's VL change pooled over the training seeds, named as chapter 11's, for the
-    pairs whose precondition holds."""
+    """Chapter 11's pairs as chapter 5 reads them (`adapt.scores.panel_row`, the schema of chapter 4's rows, saved under
+    `PANEL_KEYS['lora']`, apart from chapter 4's full fine-tunes): base S, QK-norm type and each metric's VL change
+    pooled over the training seeds, named as chapter 11's, for the pairs whose precondition holds."""
     from sinklib.adapt.scores import panel_row
 
     out = []
