@@ -1,0 +1,104 @@
+"""Chapter 11's second amendment (session 42): each model's stage-2 rate chosen by the preconditions alone.
+
+The pre-registered design trained all four models at chapter 10's frozen LoRA rate; two of the first three were
+destroyed by it (their VL models did not learn the image task and lost a third of their knowledge items). The
+second amendment keeps the recipe and chooses each model's rate from a fixed descending grid (`rate_grid`: the
+frozen rate, then each time times the ratio of the smallest full fine-tune rate in `vl.MODEL_RATES` to the
+recipe's, 1/5) by walking it from the top (`walk`): the first rate at which the model's VL model, at the first
+training seed, passes the primary test's preconditions (`passes`: the image task learned and knowledge held,
+decided by `sinklib.claims.ch11.pair_rows`, the rule every pair of the panel is judged by). The format outcome
+plays no part in the choice, so the choice cannot manufacture a relation between S and the format loss.
+A model may start lower in the grid (`grid_start`) where a walk from the top would repeat a failure already seen;
+the chapter says which and why.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sinklib.core.params import check_int
+from sinklib.errors import ParameterError
+
+#: how many rates the grid has (the frozen rate and two steps down)
+GRID_POINTS = 3
+
+
+def rate_grid(recipe: Mapping[str, Any], n: int = GRID_POINTS) -> list[float]:
+    """The descending grid of stage-2 rates: the recipe's frozen rate, then each previous rate times the smallest
+    full fine-tune rate of `vl.MODEL_RATES` over the recipe's (`vl.RECIPE`; 1e-5 / 5e-5), computed as
+    `fourpanel.model_rate` scales a rate (multiply, then divide), so the grid's second rate is the very float the
+    first amendment gave Gemma-3."""
+    from sinklib import vl
+
+    n = check_int("n", n, 1, 10)
+    low = min(r["lr_lm"] for r in vl.MODEL_RATES.values())
+    high = vl.RECIPE["lr_lm"]
+    out = [float(recipe["lr_lm"])]
+    while len(out) < n:
+        out.append(out[-1] * low / high)
+    return out
+
+
+def check_grid_start(name: str, value: Any) -> dict:
+    """`grid_start`: {model: index of the grid rate its walk starts at}; a clear error otherwise."""
+    if not isinstance(value, Mapping):
+        raise ParameterError(f"{name} must be a mapping of model names to grid indices (0 is the frozen rate), "
+                             f"got {value!r}")
+    return {str(m): check_int(f"{name}[{m!r}]", i, 0, GRID_POINTS - 1) for m, i in value.items()}
+
+
+def passes(name: str, base: Mapping[str, Any], vl_eval: Mapping[str, Any], seed: int, image_size: int) -> bool:
+    """Whether one model's VL evaluation at one seed passes the primary test's preconditions against its base
+    evaluation: `sinklib.claims.ch11.pair_rows` on a panel of that one pair, so the walk and the panel's table
+    apply the same rule."""
+    from sinklib.claims.ch11 import pair_rows
+
+    rows = pair_rows({"base": {name: base}, "evals": {(name, seed, "vl"): vl_eval}}, seed, image_size)
+    return bool(rows.precondition.iloc[0])
+
+
+def walk(name: str, recipe: Mapping[str, Any], run_at: Callable[[float], tuple[dict, dict]], *, seed: int,
+         image_size: int, start: int = 0) -> list[dict]:
+    """Walk the grid for one model from index `start` down: `run_at(rate)` returns (base evaluation, VL evaluation)
+    at that rate (cached or run); the walk stops at the first rate whose pair `passes`. -> one row per rate tried:
+    {'model', 'rate', 'grid index', 'passes', 'base', 'vl'}; the last row passes, or none does (the grid ran out)."""
+    grid = rate_grid(recipe)
+    start = check_int("grid start", start, 0, len(grid) - 1)
+    tried = []
+    for i, rate in enumerate(grid[start:], start):
+        base, ev = run_at(rate)
+        ok = passes(name, base, ev, seed, image_size)
+        tried.append({"model": name, "rate": rate, "grid index": i, "passes": ok, "base": base, "vl": ev})
+        if ok:
+            break
+    return tried
+
+
+def chosen(tried: list[dict]) -> float | None:
+    """The rate a walk chose (its last row's, when that row passes), or None when no rate of the grid passed."""
+    return tried[-1]["rate"] if tried and tried[-1]["passes"] else None
+
+
+def walk_rows(walks: Mapping[str, list[dict]], seed: int, image_size: int) -> list[dict]:
+    """The walks as table rows: model, rate, VQA against the majority, the knowledge change with its interval,
+    the strict instruction change (shown, not used by the choice), whether the pair passes and whether it was
+    chosen."""
+    from sinklib.adapt.fourpanel import PRIMARY
+    from sinklib.claims.ch11 import pair_rows
+
+    out = []
+    for name, tried in walks.items():
+        for t in tried:
+            r = pair_rows({"base": {name: t["base"]}, "evals": {(name, seed, "vl"): t["vl"]}}, seed,
+                          image_size).iloc[0]
+            k, f = r["VL: knowledge acc"], r["VL: " + PRIMARY]
+            out.append({"model": name, "rate": f"{t['rate']:.3g}", "VQA (%)": round(r.VQA, 1),
+                        "majority (%)": round(r.majority, 1), "learned": "yes" if r.learned else "no",
+                        "knowledge change (pt)": f"{k.v:+.1f} [{k.lo:+.1f}, {k.hi:+.1f}]",
+                        "passes": "yes" if t["passes"] else "no",
+                        "chosen": "yes" if t is tried[-1] and t["passes"] else "",
+                        "strict instructions change (pt, not used)": f"{f.v:+.1f} [{f.lo:+.1f}, {f.hi:+.1f}]"})
+    return out
+
+
+__all__ = ["GRID_POINTS", "rate_grid", "check_grid_start", "passes", "walk", "chosen", "walk_rows"]
