@@ -171,7 +171,8 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
     cell = nbformat.v4.new_code_cell('models = ["smollm2-135m"]\ndevice = "auto"\nseeds = [0, 1]\nkinds = ["vl"]\n'
                                      'low_memory_models = []\nrandom_scales = []\nimage_size = 48\nstage1_steps = 5\n'
                                      'batch_size = 4\nlr_projector = 0.01\nschedule = "constant"\n'
-                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\nstage2_steps = 3\nn_prompts = 4\n'
+                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\ngrid_start = {}\nstopped_models = []\n'
+                                     'stage2_steps = 3\nn_prompts = 4\n'
                                      'last_k_layers = 10\n'
                                      'max_tokens = 32\nvqa_n = 16\neval_instructions = 2\neval_math = 2\n'
                                      'eval_knowledge = 8\neval_perplexity = 2\neval_batch_size = 8\n'
@@ -339,3 +340,82 @@ def test_a_pair_left_out_says_why_with_its_numbers():
                                                "knowledge -33.0 [-38.7, -27.7] points (fell)")
     ok = {**row, "learned": True, "VQA": 55.0, "VL: knowledge acc": Est(5.0, 1.3, 8.7)}
     assert ch11.precondition_sentence(ok).endswith("(learned at every seed); knowledge +5.0 [+1.3, +8.7] points (held)")
+
+
+def test_the_rate_grid_steps_by_a_fifth_and_its_second_rate_is_the_first_amendments():
+    from sinklib.adapt import ratechoice
+
+    rec = {**RECIPE, "calibrated_on": "smollm2-135m", "lr_lm": 2e-3}
+    grid = ratechoice.rate_grid(rec)
+    assert grid[0] == 2e-3 and grid == sorted(grid, reverse=True) and len(grid) == ratechoice.GRID_POINTS
+    assert grid[1] == fourpanel.model_rate("gemma3-270m", rec, "recipe-scaled")   # the same float: the same job
+    assert grid[2] == pytest.approx(8e-5)
+    kw = dict(image_size=48, stage1_steps=200, batch_size=32, lr_projector=0.01, schedule="constant")
+    assert (fourpanel.panel_params("gemma3-270m", "w", rec, 0, **kw, lr_rule="recipe-scaled") ==
+            fourpanel.panel_params("gemma3-270m", "w", rec, 0, **kw, lr_rule="precondition-chosen", lr=grid[1]))
+    with pytest.raises(ParameterError, match="chosen by running it"):
+        fourpanel.model_rate("m", rec, "precondition-chosen")
+    assert ratechoice.check_grid_start("g", {"m": 1}) == {"m": 1}
+    with pytest.raises(ParameterError, match="grid indices"):
+        ratechoice.check_grid_start("g", [1])
+    with pytest.raises(ParameterError, match=r"g\['m'\]"):
+        ratechoice.check_grid_start("g", {"m": 3})
+
+
+def test_the_walk_keeps_the_first_rate_that_passes_the_preconditions_blind_to_format():
+    from sinklib.adapt import ratechoice
+
+    base, broken, fine = _ev(30, 30), _ev(30, 5, vqa=(0.3, 200)), _ev(2, 30)   # fine: learned, knowledge held
+    seen = []
+
+    def run_at(rate):
+        seen.append(rate)
+        return base, broken if rate > 1e-3 else fine
+
+    t = ratechoice.walk("m", RECIPE, run_at, seed=0, image_size=48)
+    assert seen == ratechoice.rate_grid(RECIPE)[:2] and [x["passes"] for x in t] == [False, True]
+    assert ratechoice.chosen(t) == seen[1]            # chosen although its format fell by 70 points
+    seen.clear()
+    t = ratechoice.walk("m", RECIPE, lambda r: (seen.append(r), (base, broken))[1], seed=0, image_size=48, start=1)
+    assert seen == ratechoice.rate_grid(RECIPE)[1:] and ratechoice.chosen(t) is None
+    rows = ratechoice.walk_rows({"m": t}, 0, 48)
+    assert [r["passes"] for r in rows] == ["no", "no"] and all(r["chosen"] == "" for r in rows)
+    assert rows[0]["learned"] == "no" and rows[0]["knowledge change (pt)"].startswith("-62.5")
+
+
+def test_the_panel_walks_each_models_rate_and_runs_its_other_jobs_at_the_chosen_one(monkeypatch):
+    """run_panel under 'precondition-chosen': a model's first VL job walks the grid from its start, its other
+    jobs run at the chosen rate, and a model with no passing rate runs nothing else."""
+    import sinklib.core.data
+    import sinklib.core.models
+
+    class LM:
+        def __init__(self, name):
+            self.name, self.weights_sha256, self.qk_norm, self.model = name, "w", "none", None
+
+    ran = []
+    monkeypatch.setattr(sinklib.core.models, "load_model", lambda name, device: LM(name))
+    monkeypatch.setattr(sinklib.core.data, "load_prompts", lambda n, seed: ["a"])
+    monkeypatch.setattr(fourpanel, "_eval_kwargs", lambda lm, p, prompts: {})
+    monkeypatch.setattr(fourpanel, "base_source", lambda lm, pp, low_memory: (lambda: {}))
+    monkeypatch.setattr(fourpanel, "run_base", lambda lm, pp, base, low_memory, **kw: _ev(30, 30))
+
+    def run_condition(lm, pp, kind, base, low_memory, progress, **kw):
+        ran.append((lm.name, pp["seed"], kind, pp["lr_lm"]))
+        ok = lm.name == "a" and pp["lr_lm"] < 1e-3
+        return _ev(20, 30) if ok else _ev(20, 5, vqa=(0.3, 200))
+
+    monkeypatch.setattr(fourpanel, "run_condition", run_condition)
+    p = {"models": ["a", "b"], "seeds": [0, 1], "kinds": ["vl"], "random_scales": [], "low_memory_models": [],
+         "lr_rule": "precondition-chosen", "grid_start": {"b": 1}, "n_prompts": 1, "device": "cpu",
+         "image_size": 48, "stage1_steps": 2, "batch_size": 2, "lr_projector": 0.01, "schedule": "constant",
+         "show_progress": False}
+    from sinklib.adapt import ratechoice
+
+    g = ratechoice.rate_grid(RECIPE)
+    out = fourpanel.run_panel(p, RECIPE)
+    assert ran == [("a", 0, "vl", g[0]), ("a", 0, "vl", g[1]), ("b", 0, "vl", g[1]), ("b", 0, "vl", g[2]),
+                   ("a", 1, "vl", g[1])]                                    # b passed nowhere: no seed-1 job
+    assert ratechoice.chosen(out["walks"]["a"]) == g[1] and ratechoice.chosen(out["walks"]["b"]) is None
+    assert out["params"][("a", 1)]["lr_lm"] == g[1] and set(out["evals"]) == {("a", 0, "vl"), ("b", 0, "vl"),
+                                                                              ("a", 1, "vl")}
