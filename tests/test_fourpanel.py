@@ -419,3 +419,38 @@ def test_the_panel_walks_each_models_rate_and_runs_its_other_jobs_at_the_chosen_
     assert ratechoice.chosen(out["walks"]["a"]) == g[1] and ratechoice.chosen(out["walks"]["b"]) is None
     assert out["params"][("a", 1)]["lr_lm"] == g[1] and set(out["evals"]) == {("a", 0, "vl"), ("b", 0, "vl"),
                                                                               ("a", 1, "vl")}
+
+
+def test_the_primary_tests_outcome_is_decided_by_the_books_one_rule():
+    S = {"a": 0.1, "b": 0.5, "c": 0.9, "d": 1.5}
+    up, down = {"a": -9.0, "b": -6.0, "c": -3.0, "d": -1.0}, {"a": -1.0, "b": -3.0, "c": -6.0, "d": -9.0}
+    assert fourpanel.primary_verdict(fourpanel.primary_test(S, up)).outcome == "reproduced"
+    t = fourpanel.primary_test(S, down)
+    assert t["p_reverse"] == pytest.approx(1 / 24) and fourpanel.primary_verdict(t).outcome == "contradicted"
+    swap = fourpanel.primary_test(S, {"a": -9.0, "b": -3.0, "c": -6.0, "d": -1.0})
+    assert fourpanel.primary_verdict(swap).outcome == "inconclusive"
+    three = fourpanel.primary_test({"a": 0.1, "b": 0.5, "c": 0.9}, {"a": -9.0, "b": -6.0, "c": -3.0})
+    assert three["p"] == pytest.approx(1 / 6) and fourpanel.primary_verdict(three).outcome == "inconclusive"
+    few = {**fourpanel.primary_test(S, {"a": 1.0}), "of": 4}
+    v = fourpanel.primary_verdict(few)
+    assert v.outcome == "not tested" and v.why.startswith("1 of 4 pairs pass")
+
+
+def test_the_chapter_ends_with_its_findings_in_words():
+    from sinklib.claims import ch11
+
+    panel = {"base": {"a": _ev(30, 30, S=0.9), "b": _ev(30, 30, S=0.1), "c": _ev(30, 30, S=0.5)},
+             "evals": {("a", 0, "vl"): _ev(20, 30), ("b", 0, "vl"): _ev(30, 30), ("c", 0, "vl"): _ev(20, 5)}}
+    rows = ch11.pair_rows(panel, 0, 48)
+    text = ch11.findings(rows, ch11.primary_of(rows), {"a": 2e-3, "b": 4e-4, "c": None})
+    lines = text.splitlines()
+    assert lines[0].startswith("- **The primary test is not tested** (2 of 3 pairs pass")
+    assert [ln.split(" ")[1] for ln in lines[1:4]] == ["a", "c", "b"]                 # in order of base S
+    assert "at rate 0.002: strict instructions -25.0 [" in lines[1] and "(a loss beyond the paired noise)" in lines[1]
+    assert "at no rate of the grid" in lines[2] and "left out (c: VQA" in lines[2]
+    assert "fell beyond the noise in 1 of the 2 tested pairs (a)" in lines[4]
+    assert "prediction 2 (at least three of four) failed and prediction 6 (at most two) held" in lines[4]
+    assert "prediction 3 (the primary test inconclusive) could not be judged (the test did not run)" in lines[4]
+    assert lines[0].count("pass their preconditions") == 1                            # said once
+    none = ch11.findings(rows[rows.model == "c"], ch11.primary_of(rows[rows.model == "c"]))
+    assert none.splitlines()[-1].startswith("- No pair passed its preconditions, so predictions 2, 3 and 6")

@@ -199,17 +199,34 @@ def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, lo
 
 def primary_test(S: Mapping[str, float], change: Mapping[str, float]) -> dict:
     """Spearman's rho of base S against the VL change of the primary metric (points, mean over seeds) across the
-    models of both mappings, with the exact one-sided permutation p (rho > 0, the paper's direction) and the
-    smallest p that n models allow. -> {'n', 'rho', 'p', 'p_min', 'models'}."""
+    models of both mappings, with the exact one-sided permutation p (rho > 0, the paper's direction), the opposite
+    one-sided p ('p_reverse') and the smallest p that n models allow. -> {'n', 'rho', 'p', 'p_reverse', 'p_min',
+    'models'}."""
     from sinklib.stats.rank import spearman_permutation
 
     models = [m for m in S if m in change and np.isfinite(S[m]) and np.isfinite(change[m])]
     n = len(models)
     if n < 3:
-        return {"n": n, "rho": float("nan"), "p": float("nan"), "p_min": float("nan"), "models": models}
-    r = spearman_permutation([S[m] for m in models], [change[m] for m in models], alternative="greater")
-    return {"n": n, "rho": float(r.rho), "p": float(r.p_value), "p_min": 1.0 / float(np.prod(range(1, n + 1))),
-            "models": models}
+        return {"n": n, "rho": float("nan"), "p": float("nan"), "p_reverse": float("nan"), "p_min": float("nan"),
+                "models": models}
+    x, y = [S[m] for m in models], [change[m] for m in models]
+    r = spearman_permutation(x, y, alternative="greater")
+    return {"n": n, "rho": float(r.rho), "p": float(r.p_value),
+            "p_reverse": float(spearman_permutation(x, y, alternative="less").p_value),
+            "p_min": 1.0 / float(np.prod(range(1, n + 1))), "models": models}
+
+
+def primary_verdict(t: Mapping[str, Any], level: float = 0.05):
+    """The primary test's outcome by the book's one rule (`stats.verdicts.decide`, one setting): reproduced when the
+    one-sided p in the paper's direction is below `level`, contradicted when the opposite one-sided p is, not tested
+    with fewer than three pairs, inconclusive otherwise. -> a `Verdict`."""
+    from sinklib.stats.verdicts import decide
+
+    if t["n"] < 3:
+        return decide(None, not_tested=f"{t['n']} of {t.get('of', t['n'])} pairs pass their preconditions (the test "
+                                       "needs three or more)")
+    return decide(None, counts=(int(t["p"] < level), int(t.get("p_reverse", 1.0) < level), 1),
+                  quantity=f"one-sided exact test at the {level:g} level")
 
 
 def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
@@ -458,5 +475,5 @@ CHAPTER11_PARAMS = _params()
 
 
 __all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "LR_RULES", "model_rate", "frozen_recipe", "panel_params", "jobs", "checkpointing",
-           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence",
+           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_verdict", "primary_sentence",
            "random_control", "random_control_low", "base_dir", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]

@@ -170,4 +170,44 @@ def machines_sentence(m: Mapping[str, Any]) -> str:
     return out
 
 
-__all__ = ["machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+def _change_words(e) -> str:
+    if e is None:
+        return "not measured"
+    where = ("a loss beyond the paired noise" if e.hi < 0 else "a gain beyond the paired noise" if e.lo > 0 else
+             "within the paired noise")
+    return f"{e.v:+.1f} [{e.lo:+.1f}, {e.hi:+.1f}] points ({where})"
+
+
+def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None) -> str:
+    """What the panel found, in words with its numbers, for the end of the chapter: the primary test's outcome by
+    the book's rule (`fourpanel.primary_verdict`) and its numbers, each pair in order of base S (its rate where the
+    design chose one, its VL change of strict instructions, its knowledge change, in or out of the test), and the
+    outcome of predictions 2, 3 and 6 of section 11.1. Markdown, one bullet per finding."""
+    from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
+
+    v = primary_verdict(primary)
+    said = "" if v.outcome == "not tested" else f": {primary_sentence(primary)}"
+    out = [f"- **The primary test is {v.outcome}** ({v.why}){said}."]
+    for _, r in rows.sort_values("S", ascending=False).iterrows():
+        rate = (rates or {}).get(r.model, "absent")
+        at = "" if rate == "absent" else (" at no rate of the grid" if rate is None else f" at rate {rate:.3g}")
+        out.append(f"- {r.model} (base S {r.S:+.3f}){at}: strict instructions {_change_words(r['VL: ' + PRIMARY])}, "
+                   f"knowledge {_change_words(r['VL: knowledge acc'])}; "
+                   + ("in the test" if r.precondition else f"left out ({precondition_sentence(r)})") + ".")
+    tested = rows[rows.precondition]
+    falls = [m for m, e in zip(tested.model, tested["VL: " + PRIMARY]) if e is not None and e.hi < 0]
+    k, n = len(falls), len(tested)
+    named = f" ({', '.join(falls)})" if falls else ""
+    if not n:
+        out.append("- No pair passed its preconditions, so predictions 2, 3 and 6 of section 11.1 cannot be judged.")
+        return "\n".join(out)
+    p3 = ("could not be judged (the test did not run)" if v.outcome == "not tested" else
+          "held" if v.outcome == "inconclusive" else "failed")
+    out.append(f"- Against the predictions of section 11.1: strict format fell beyond the noise in {k} of the {n} "
+               f"tested pairs{named}, so prediction 2 (at least three of four) "
+               f"{'held' if k >= 3 else 'failed'} and prediction 6 (at most two) {'held' if k <= 2 else 'failed'}; "
+               f"prediction 3 (the primary test inconclusive) {p3}.")
+    return "\n".join(out)
+
+
+__all__ = ["findings", "machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
