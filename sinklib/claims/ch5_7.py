@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 
 from sinklib.claims.core import CH5, CH7, Row, claim, not_testable
+from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, decide, est, fisher_diff, num
+
+CH11 = "11_four_panel"
 
 
 @claim("4b", "Remark 1: layerwise QK-RMSNorm compresses weak heads", (), CH7)
@@ -57,6 +60,12 @@ def tiny_text_only(res):
 def predicts(res):
     from sinklib.stats.schema import STRICT_TASK
 
+    try:
+        r11 = res(CH11)["results"]
+    except ResultsMissing:  # chapter 11 not run yet: the pairs chapter 5 pools decide
+        r11 = None
+    if r11 and r11.get("primary"):
+        return _four_panel(r11)
     r = res(CH5)["results"]
     rho = next(x for x in r["measured_rho"] if x["task"] == STRICT_TASK)
     lopo = next(x for x in r["measured_lopo"] if x["task"] == STRICT_TASK)
@@ -69,6 +78,28 @@ def predicts(res):
     ours = (f"ρ = {est(e, 2)} (n = {rho['n']}, Fisher interval)", f"LOPO {lopo['mae_model']:.2f} vs "
             f"{lopo['mae_constant']:.2f} pt" if lopo["mae_model"] is not None else "LOPO: too few pairs", ctx)
     return Row(ours, *decide(e, +1, quantity=f"the Fisher interval of ρ on {rho['n']} measured pairs"))
+
+
+#: chapter 11's designs in words, by its `lr_rule`
+_DESIGNS = {"frozen": "the pre-registered design, one rate for all", "recipe-scaled": "its first amendment, rates "
+            "scaled by each model's recipe rate", "precondition-chosen": "its second amendment, each model's rate "
+            "chosen by its preconditions alone, written after three pairs were seen"}
+
+
+def _four_panel(r: dict) -> Row:
+    """Row 7a on chapter 11's four-model panel: its primary test (Spearman's rho of base S against the VL change of
+    strict instructions, one-sided exact) decides by the book's rule (`fourpanel.primary_verdict`); the designs it
+    stopped are named with their own outcomes."""
+    from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
+
+    t, rule = r["primary"], r.get("lr_rule", "frozen")
+    v = primary_verdict(t)
+    said = (f"ρ = {t['rho']:+.2f} over {t['n']} real models, one-sided exact p = {t['p']:.3f}" if t["n"] >= 3
+            else primary_sentence(t))
+    stopped = "; ".join(f"{_DESIGNS[k].split(',')[0]}: {primary_verdict(d['primary']).outcome}"
+                        for k, d in (r.get("stopped") or {}).items())
+    ours = (f"{said} (chapter 11, {_DESIGNS[rule]})",) + ((f"stopped designs: {stopped}",) if stopped else ())
+    return Row(ours, v.outcome, v.why)
 
 
 four_tasks = not_testable("7b", "ρ ≥ 0.82 on each of four format-sensitive tasks (IFEval, EQ-Bench, GSM8K-CoT, GPQA-Diamond-CoT)",
