@@ -171,7 +171,7 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
     cell = nbformat.v4.new_code_cell('models = ["smollm2-135m"]\ndevice = "auto"\nseeds = [0, 1]\nkinds = ["vl"]\n'
                                      'low_memory_models = []\nrandom_scales = []\nimage_size = 48\nstage1_steps = 5\n'
                                      'batch_size = 4\nlr_projector = 0.01\nschedule = "constant"\n'
-                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\ngrid_start = {}\nstopped_models = []\n'
+                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\ngrid_start = {}\nstopped_models = []\nprimary_only = False\n'
                                      'stage2_steps = 3\nn_prompts = 4\n'
                                      'last_k_layers = 10\n'
                                      'max_tokens = 32\nvqa_n = 16\neval_instructions = 2\neval_math = 2\n'

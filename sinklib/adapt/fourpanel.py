@@ -464,7 +464,7 @@ def _params() -> dict:
             "low_memory_models": list_of(text(), min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
             "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
             "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)), "lr_rule": choice(LR_RULES),
-            "grid_start": check_grid_start, "stopped_models": list_of(text(), min_len=0),
+            "grid_start": check_grid_start, "primary_only": boolean(), "stopped_models": list_of(text(), min_len=0),
             "stage2_steps": or_ch10(integer(1, 10**6)), "n_prompts": prompt_count,
             "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192), "vqa_n": integer(1, 100_000),
             **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}

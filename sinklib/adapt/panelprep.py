@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     recipe = fourpanel.recipe_of(load_results("10_calibration"), p["lr_lm"], p["stage2_steps"])
     print(f"chapter 11 ({args.profile}): models {', '.join(p['models'])}, seeds {p['seeds']}, recipe {recipe}",
           flush=True)
-    fourpanel.run_panel(p, recipe, primary_only=args.primary_only, log=lambda m: print(m, flush=True))
+    fourpanel.run_panel(p, recipe, primary_only=args.primary_only or p["primary_only"],
+                        log=lambda m: print(m, flush=True))
     return 0
 
 
