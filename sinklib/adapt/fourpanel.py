@@ -231,10 +231,8 @@ def primary_verdict(t: Mapping[str, Any], level: float = 0.05):
 
 def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
     """The primary test in words, with what n models can show."""
-    if t["n"] < 3:
-        of = f" of {t['of']}" if t.get("of") is not None else ""
-        return (f"not tested: {t['n']}{of} pairs pass their preconditions and have a base S and a VL change (the test "
-                "needs three or more)")
+    if t["n"] < 3:  # the reason in one place: the verdict's
+        return f"not tested: {primary_verdict(t).why}"
     reach = ("only a perfect ordering can reach it" if t["p_min"] <= level < 2 * t["p_min"] else
              "no ordering can reach it" if t["p_min"] > level else "")
     return (f"Spearman rho of base S against the VL change of the strict instruction pass rate {t['rho']:+.2f} over "
