@@ -398,7 +398,13 @@ def test_the_panel_walks_each_models_rate_and_runs_its_other_jobs_at_the_chosen_
     monkeypatch.setattr(sinklib.core.data, "load_prompts", lambda n, seed: ["a"])
     monkeypatch.setattr(fourpanel, "_eval_kwargs", lambda lm, p, prompts: {})
     monkeypatch.setattr(fourpanel, "base_source", lambda lm, pp, low_memory: (lambda: {}))
-    monkeypatch.setattr(fourpanel, "run_base", lambda lm, pp, base, low_memory, **kw: _ev(30, 30))
+    keyed = []
+
+    def run_base(lm, pp, base, low_memory, key_rate=None, **kw):
+        keyed.append(key_rate)
+        return _ev(30, 30)
+
+    monkeypatch.setattr(fourpanel, "run_base", run_base)
 
     def run_condition(lm, pp, kind, base, low_memory, progress, **kw):
         ran.append((lm.name, pp["seed"], kind, pp["lr_lm"]))
@@ -414,6 +420,7 @@ def test_the_panel_walks_each_models_rate_and_runs_its_other_jobs_at_the_chosen_
 
     g = ratechoice.rate_grid(RECIPE)
     out = fourpanel.run_panel(p, RECIPE)
+    assert keyed and set(keyed) == {RECIPE["lr_lm"]}  # one base evaluation per model, whatever rate is tried
     assert ran == [("a", 0, "vl", g[0]), ("a", 0, "vl", g[1]), ("b", 0, "vl", g[1]), ("b", 0, "vl", g[2]),
                    ("a", 1, "vl", g[1])]                                    # b passed nowhere: no seed-1 job
     assert ratechoice.chosen(out["walks"]["a"]) == g[1] and ratechoice.chosen(out["walks"]["b"]) is None
@@ -454,3 +461,19 @@ def test_the_chapter_ends_with_its_findings_in_words():
     assert lines[0].count("pass their preconditions") == 1                            # said once
     none = ch11.findings(rows[rows.model == "c"], ch11.primary_of(rows[rows.model == "c"]))
     assert none.splitlines()[-1].startswith("- No pair passed its preconditions, so predictions 2, 3 and 6")
+
+
+def test_the_base_evaluation_is_keyed_at_the_frozen_rate_whatever_rate_is_tried(tmp_path, monkeypatch):
+    """run_base(key_rate=...): the base model's cache key carries the recipe's rate, not the walk's, so a model
+    walked over two rates is evaluated once as base; without key_rate the pair's own rate keys it."""
+    import sinklib.adapt.pairs
+
+    seen = []
+    monkeypatch.setattr(sinklib.adapt.pairs, "evaluate_condition", lambda lm, pair, cond, **kw: seen.append(
+        (pair.params["lr_lm"], pair.params["lr_projector_stage2"])) or {})
+    pp = fourpanel.panel_params("m", "w", RECIPE, 0, image_size=48, stage1_steps=2, batch_size=2, lr_projector=0.01,
+                                schedule="constant", lr=4e-4)
+    fourpanel.run_base(None, pp, lambda: {}, key_rate=RECIPE["lr_lm"])
+    fourpanel.run_base(None, pp, lambda: {})
+    assert seen == [(RECIPE["lr_lm"], RECIPE["lr_lm"]), (4e-4, 4e-4)]
+    assert pp["lr_lm"] == 4e-4  # the pair's own parameters are not changed

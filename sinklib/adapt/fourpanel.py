@@ -186,14 +186,18 @@ def run_condition(lm: Any, params: Mapping[str, Any], kind: str, base: Callable[
 
 
 def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False,
-             **evaluate_kwargs: Any) -> dict:
+             key_rate: float | None = None, **evaluate_kwargs: Any) -> dict:
     """The base model's evaluation, keyed by the pair's parameters without the LoRA keys (`calibrate.base_params`,
-    as chapter 10 pairs its LoRA series), VQA not measured."""
+    as chapter 10 pairs its LoRA series), VQA not measured. `key_rate` (the recipe's frozen rate) replaces the
+    stage-2 rates in the key, so one cached evaluation serves every rate a model's walk tries (the base model does
+    not depend on them: Gemma-3's evaluations keyed at 2e-3 and 4e-4 had the same per-item outcomes)."""
     from sinklib.adapt.calibrate import base_params
     from sinklib.adapt.pairs import evaluate_condition
 
-    pair = Pair(params=base_params(params), states=_pair(params, base, streamed=low_memory), projector=None,
-                encoder=None)
+    keyed = base_params(params)
+    if key_rate is not None:
+        keyed.update(lr_lm=float(key_rate), lr_projector_stage2=float(key_rate))
+    pair = Pair(params=keyed, states=_pair(params, base, streamed=low_memory), projector=None, encoder=None)
     return evaluate_condition(lm, pair, "base", **{**evaluate_kwargs, "vqa_n": 0})
 
 
@@ -365,7 +369,7 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
             pp = _params_at(lm, p, recipe, seed, _chosen(out, name) if rule == "precondition-chosen" else None)
             base = base or base_source(lm, pp, low_memory=low)
             if name not in out["base"]:
-                out["base"][name] = run_base(lm, pp, base, low_memory=low, **kw)
+                out["base"][name] = run_base(lm, pp, base, low_memory=low, key_rate=recipe["lr_lm"], **kw)
             if kind == "random":
                 out["random"][name] = (random_control_low if low else random_control)(
                     lm, pp, base, p["random_scales"],
@@ -413,7 +417,7 @@ def _walk(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, b
     def run_at(rate: float) -> tuple[dict, dict]:
         pp = made[rate] = _params_at(lm, p, recipe, seed, rate)
         ev = run_condition(lm, pp, "vl", base, low_memory=low, progress=p["show_progress"], **kw)
-        return run_base(lm, pp, base, low_memory=low, **kw), ev
+        return run_base(lm, pp, base, low_memory=low, key_rate=recipe["lr_lm"], **kw), ev
 
     tried = ratechoice.walk(name, recipe, run_at, seed=seed, image_size=p["image_size"],
                             start=p.get("grid_start", {}).get(name, 0))
