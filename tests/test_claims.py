@@ -134,14 +134,16 @@ def ch5(rho=None):
                  "measured_lopo": [{"task": r["task"], "mae_model": None, "mae_constant": None}]}, models=())
 
 
-def ch11(rho=None, n=4, p=None, p_reverse=None):
-    """Chapter 11's results: its primary test over n pairs (second amendment) and the two stopped designs."""
+def ch11(rho=None, n=4, p=None, p_reverse=None, **more):
+    """Chapter 11's results: its primary test over n pairs (second amendment) and the two stopped designs (`more`:
+    other keys of its results, such as 'interim' and 'sensitivity')."""
     prim = {"n": n, "rho": rho if rho is not None else float("nan"), "p": p if p is not None else float("nan"),
             "p_reverse": p_reverse if p_reverse is not None else float("nan"), "p_min": 1 / 24, "models": [], "of": 4}
     dead = {"n": 1, "rho": float("nan"), "p": float("nan"), "p_reverse": float("nan"), "p_min": float("nan"),
             "models": [], "of": 3}
     return _doc({"primary": prim, "lr_rule": "precondition-chosen",
-                 "stopped": {"frozen": {"primary": dead}, "recipe-scaled": {"primary": {**dead, "n": 2}}}}, models=())
+                 "stopped": {"frozen": {"primary": dead}, "recipe-scaled": {"primary": {**dead, "n": 2}}}, **more},
+                models=())
 
 
 def ch5_tiny(rho=None, partial=None):
@@ -355,6 +357,11 @@ def test_row_7a_on_chapter_11_names_its_design_and_the_stopped_ones(monkeypatch)
     assert ours[0].startswith("ρ = +0.40 over 4 real models, one-sided exact p = 0.330 (chapter 11, its second "
                               "amendment")
     assert ours[1] == ("stopped designs: the pre-registered design: not tested; its first amendment: not tested")
+    sens = {"primary": {"n": 3, "rho": 0.5, "p": 0.5, "p_reverse": 0.67, "p_min": 1 / 6, "models": []}}
+    _fake(monkeypatch, {C5: ch5(), C11: ch11(0.4, p=0.33, p_reverse=0.75, interim=True, sensitivity=sens)})
+    ours = claims.evaluate(BY_ID["7a"]).row.ours
+    assert ours[0].endswith("written after three pairs were seen; an interim look at the first training seed only)")
+    assert ours[2] == "sensitivity analysis, every model at one rate: inconclusive"
 
 
 def test_every_computed_claim_has_three_cases():

@@ -50,6 +50,12 @@ def test_primary_test_is_one_sided_and_says_what_four_models_can_show():
     assert rev["rho"] == pytest.approx(-1.0) and rev["p"] == pytest.approx(1.0)
     few = fourpanel.primary_test(S, {"a": 1.0, "b": float("nan")})
     assert few["n"] == 1 and math.isnan(few["rho"]) and fourpanel.primary_sentence(few).startswith("not tested")
+    said = fourpanel.primary_sentence(rev, interim=True)                             # both one-sided p, the outcome
+    assert said.startswith("interim look, first training seed only: contradicted (one-sided exact p 1.000 in the "
+                           "paper's direction and 0.042 against it: the second below 0.05)")
+    flat = fourpanel.primary_test(S, {"a": -2.0, "b": -2.0, "c": -2.0, "d": -2.0})  # no ordering: inconclusive
+    assert flat["p"] == flat["p_reverse"] == 1.0 and fourpanel.primary_verdict(flat).outcome == "inconclusive"
+    assert "the change is the same for every pair" in fourpanel.primary_sentence(flat)
 
 
 def _run(tmp, monkeypatch, low_memory):
@@ -172,6 +178,7 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
                                      'low_memory_models = []\nrandom_scales = []\nimage_size = 48\nstage1_steps = 5\n'
                                      'batch_size = 4\nlr_projector = 0.01\nschedule = "constant"\n'
                                      'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\ngrid_start = {}\nstopped_models = []\nprimary_only = False\n'
+                                     'sensitivity = True\n'
                                      'stage2_steps = 3\nn_prompts = 4\n'
                                      'last_k_layers = 10\n'
                                      'max_tokens = 32\nvqa_n = 16\neval_instructions = 2\neval_math = 2\n'
@@ -355,6 +362,9 @@ def test_the_rate_grid_steps_by_a_fifth_and_its_second_rate_is_the_first_amendme
             fourpanel.panel_params("gemma3-270m", "w", rec, 0, **kw, lr_rule="precondition-chosen", lr=grid[1]))
     with pytest.raises(ParameterError, match="chosen by running it"):
         fourpanel.model_rate("m", rec, "precondition-chosen")
+    assert grid[:2] == [0.002, 0.00039999999999999996]          # frozen literals: not read from vl.MODEL_RATES
+    assert {fourpanel.model_rate(m, rec, "common-rate") for m in fourpanel.MODELS} == {grid[1]}  # sensitivity
+    assert ratechoice.common_rate(rec) == grid[ratechoice.COMMON_INDEX]
     assert ratechoice.check_grid_start("g", {"m": 1}) == {"m": 1}
     with pytest.raises(ParameterError, match="grid indices"):
         ratechoice.check_grid_start("g", [1])
@@ -449,16 +459,27 @@ def test_the_chapter_ends_with_its_findings_in_words():
     panel = {"base": {"a": _ev(30, 30, S=0.9), "b": _ev(30, 30, S=0.1), "c": _ev(30, 30, S=0.5)},
              "evals": {("a", 0, "vl"): _ev(20, 30), ("b", 0, "vl"): _ev(30, 30), ("c", 0, "vl"): _ev(20, 5)}}
     rows = ch11.pair_rows(panel, 0, 48)
-    text = ch11.findings(rows, ch11.primary_of(rows), {"a": 2e-3, "b": 4e-4, "c": None})
+    text = ch11.findings(rows, ch11.primary_of(rows), {"a": 2e-3, "b": 4e-4, "c": None}, interim=True)
     lines = text.splitlines()
-    assert lines[0].startswith("- **The primary test is not tested** (2 of 3 pairs pass")
-    assert [ln.split(" ")[1] for ln in lines[1:4]] == ["a", "c", "b"]                 # in order of base S
-    assert "at rate 0.002: strict instructions -25.0 [" in lines[1] and "(a loss beyond the paired noise)" in lines[1]
-    assert "at no rate of the grid" in lines[2] and "left out (c: VQA" in lines[2]
-    assert "fell beyond the noise in 1 of the 2 tested pairs (a)" in lines[4]
-    assert "prediction 2 (at least three of four) failed and prediction 6 (at most two) held" in lines[4]
-    assert "prediction 3 (the primary test inconclusive) could not be judged (the test did not run)" in lines[4]
-    assert lines[0].count("pass their preconditions") == 1                            # said once
+    assert lines[0].startswith("- **Does a higher base S go with a smaller VL loss of strict instruction format?** "
+                               "the panel could not ask it") and "interim look" in lines[0]
+    assert lines[1].startswith("- The primary test: not tested: 2 of 3 pairs pass")
+    assert [ln.split(" ")[1] for ln in lines[2:5]] == ["a", "c", "b"]                 # in order of base S
+    assert "at rate 0.002: strict instructions -25.0 [" in lines[2] and "(a loss beyond the paired noise)" in lines[2]
+    assert "at no rate of the grid" in lines[3] and "left out (c: VQA" in lines[3]
+    assert "fell beyond the paired noise in 1 of the 2 tested pairs (a)" in lines[5]
+    assert "prediction 2 (at least three of four, written for the frozen rate) failed and prediction 6's" in lines[5]
+    assert "prediction 3 (the primary test inconclusive) could not be judged (the test did not run)" in lines[5]
+    assert text.count("pass their preconditions") == 1                               # said once
+    three = {**panel, "base": {**panel["base"], "c": _ev(30, 30, S=0.5)}, "evals": {**panel["evals"],
+                                                                               ("c", 0, "vl"): _ev(29, 30)}}
+    r3 = ch11.pair_rows(three, 0, 48)
+    t3 = ch11.findings(r3, ch11.primary_of(r3), {"qwen2.5-coder-0.5b": 4e-4}, second_rate=4e-4,
+                       sensitivity=(r3, ch11.primary_of(r3)))
+    assert "is not judged: with 3 pairs no ordering can reach p < 0.05" in t3             # 1/6: it could not fail
+    assert "The rates chosen (qwen2.5-coder-0.5b 0.0004) agree with prediction 6's (both at 0.0004)." in t3
+    assert t3.splitlines()[-1].startswith("- **Sensitivity analysis** (every model at one rate): inconclusive")
+    assert "a, the highest-S model, at that rate: strict instructions -25.0" in t3 and t3.endswith("failed.")
     none = ch11.findings(rows[rows.model == "c"], ch11.primary_of(rows[rows.model == "c"]))
     assert none.splitlines()[-1].startswith("- No pair passed its preconditions, so predictions 2, 3 and 6")
 

@@ -14,7 +14,8 @@ weights back from a checkpoint of its own instead of holding a copy (`Streamed`)
 
 The primary test (`primary_test`): across the four base models, Spearman's rho of base S against the VL change of
 the strict instruction pass rate (the mean over training seeds), one-sided in the paper's direction (higher S, less
-loss: rho > 0), exact over the 4! orderings; only a perfect ordering reaches p < 0.05 (p = 1/24).
+loss: rho > 0), exact over the n! orderings of the pairs that pass their preconditions: with four only a perfect
+ordering reaches p < 0.05 (p = 1/24), with three none can (1/6).
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ PHRASING = "field"
 #: `vl.recipe_for`: the amendment written after Gemma-3's first job failed its preconditions, session 41) or
 #: 'precondition-chosen' (the largest rate of a fixed grid at which the model passes the preconditions,
 #: `sinklib.adapt.ratechoice`: the second amendment, written after Qwen-0.5B's first job failed them, session 42)
-LR_RULES = ("frozen", "recipe-scaled", "precondition-chosen")
+#: or 'common-rate' (every model at the grid's second rate, `ratechoice.common_rate`: the sensitivity analysis
+#: written in session 43, before either Qwen model's result at that rate)
+LR_RULES = ("frozen", "recipe-scaled", "precondition-chosen", "common-rate")
 
 
 def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
@@ -58,13 +61,18 @@ def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
 
 def model_rate(name: str, recipe: Mapping[str, Any], lr_rule: str = "frozen") -> float:
     """One model's stage-2 rate under `lr_rule` (`LR_RULES`): the frozen rate, or (recipe-scaled) the frozen rate
-    times the model's full fine-tune rate over the calibration model's (`vl.recipe_for`; 1 without one)."""
+    times the model's full fine-tune rate over the calibration model's (`vl.recipe_for`; 1 without one), or
+    (common-rate) the rate grid's second rate for every model."""
     from sinklib import vl
 
     rule = check_choice("lr_rule", lr_rule, LR_RULES)
     if rule == "precondition-chosen":
         raise ParameterError("under lr_rule 'precondition-chosen' a model's rate is chosen by running it "
                              "(sinklib.adapt.ratechoice.walk, in run_panel): give panel_params the rate (lr=)")
+    if rule == "common-rate":
+        from sinklib.adapt.ratechoice import common_rate
+
+        return common_rate(recipe)
     ref = recipe.get("calibrated_on")
     if rule == "frozen" or not ref:
         return float(recipe["lr_lm"])
@@ -214,6 +222,9 @@ def primary_test(S: Mapping[str, float], change: Mapping[str, float]) -> dict:
         return {"n": n, "rho": float("nan"), "p": float("nan"), "p_reverse": float("nan"), "p_min": float("nan"),
                 "models": models}
     x, y = [S[m] for m in models], [change[m] for m in models]
+    if len(set(x)) < 2 or len(set(y)) < 2:  # no ordering to test: every p is 1, the outcome inconclusive
+        return {"n": n, "rho": float("nan"), "p": 1.0, "p_reverse": 1.0, "p_min": 1.0 / float(np.prod(range(1, n + 1))),
+                "models": models, "constant": "S" if len(set(x)) < 2 else "the change"}
     r = spearman_permutation(x, y, alternative="greater")
     return {"n": n, "rho": float(r.rho), "p": float(r.p_value),
             "p_reverse": float(spearman_permutation(x, y, alternative="less").p_value),
@@ -223,25 +234,34 @@ def primary_test(S: Mapping[str, float], change: Mapping[str, float]) -> dict:
 def primary_verdict(t: Mapping[str, Any], level: float = 0.05):
     """The primary test's outcome by the book's one rule (`stats.verdicts.decide`, one setting): reproduced when the
     one-sided p in the paper's direction is below `level`, contradicted when the opposite one-sided p is, not tested
-    with fewer than three pairs, inconclusive otherwise. -> a `Verdict`."""
-    from sinklib.stats.verdicts import decide
+    with fewer than three pairs, inconclusive otherwise. -> a `Verdict` whose reason gives both one-sided p."""
+    from sinklib.stats.verdicts import Verdict, decide
 
     if t["n"] < 3:
         return decide(None, not_tested=f"{t['n']} of {t.get('of', t['n'])} pairs pass their preconditions (the test "
                                        "needs three or more)")
-    return decide(None, counts=(int(t["p"] < level), int(t.get("p_reverse", 1.0) < level), 1),
-                  quantity=f"one-sided exact test at the {level:g} level")
+    v = decide(None, counts=(int(t["p"] < level), int(t.get("p_reverse", 1.0) < level), 1),
+               quantity=f"one-sided exact test at the {level:g} level")
+    ps = f"one-sided exact p {t['p']:.3f} in the paper's direction and {t.get('p_reverse', 1.0):.3f} against it"
+    if t.get("constant"):
+        return Verdict(v.outcome, f"{t['constant']} is the same for every pair, so there is no ordering to test")
+    side = ("the first" if t["p"] < level else "the second" if t.get("p_reverse", 1.0) < level else "neither")
+    return Verdict(v.outcome, f"{ps}: {side} below {level:g}")
 
 
-def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
-    """The primary test in words, with what n models can show."""
+def primary_sentence(t: Mapping[str, Any], level: float = 0.05, *, interim: bool = False) -> str:
+    """The primary test in words: its outcome and why (both one-sided p), rho, and what n pairs can show;
+    `interim` labels a look at the first training seed alone."""
+    v = primary_verdict(t, level)
+    look = "interim look, first training seed only: " if interim else ""
     if t["n"] < 3:  # the reason in one place: the verdict's
-        return f"not tested: {primary_verdict(t).why}"
+        return f"{look}not tested: {v.why}"
     reach = ("only a perfect ordering can reach it" if t["p_min"] <= level < 2 * t["p_min"] else
-             "no ordering can reach it" if t["p_min"] > level else "")
-    return (f"Spearman rho of base S against the VL change of the strict instruction pass rate {t['rho']:+.2f} over "
-            f"{t['n']} models, one-sided exact p {t['p']:.3f} (the smallest p {t['n']} models allow: "
-            f"{t['p_min']:.3f}; at the {level:g} level {reach or 'several orderings can reach it'})")
+             "no ordering can reach it" if t["p_min"] > level else "several orderings can reach it")
+    rho = "undefined" if t.get("constant") else f"{t['rho']:+.2f}"
+    return (f"{look}{v.outcome} ({v.why}); Spearman rho of base S against the VL change of the strict instruction "
+            f"pass rate {rho} over {t['n']} pairs (the smallest p {t['n']} pairs allow: {t['p_min']:.3f}; at the "
+            f"{level:g} level {reach})")
 
 
 def vl_snapshot(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False):
@@ -466,7 +486,7 @@ def _params() -> dict:
             "low_memory_models": list_of(text(), min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
             "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
             "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)), "lr_rule": choice(LR_RULES),
-            "grid_start": check_grid_start, "primary_only": boolean(), "stopped_models": list_of(text(), min_len=0),
+            "grid_start": check_grid_start, "primary_only": boolean(), "sensitivity": boolean(), "stopped_models": list_of(text(), min_len=0),
             "stage2_steps": or_ch10(integer(1, 10**6)), "n_prompts": prompt_count,
             "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192), "vqa_n": integer(1, 100_000),
             **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}

@@ -3,11 +3,12 @@
 The pre-registered design trained all four models at chapter 10's frozen LoRA rate; two of the first three were
 destroyed by it (their VL models did not learn the image task and lost a third of their knowledge items). The
 second amendment keeps the recipe and chooses each model's rate from a fixed descending grid (`rate_grid`: the
-frozen rate, then each time times the ratio of the smallest full fine-tune rate in `vl.MODEL_RATES` to the
-recipe's, 1/5) by walking it from the top (`walk`): the first rate at which the model's VL model, at the first
-training seed, passes the primary test's preconditions (`passes`: the image task learned and knowledge held,
-decided by `sinklib.claims.ch11.pair_rows`, the rule every pair of the panel is judged by). The format outcome
-plays no part in the choice, so the choice cannot manufacture a relation between S and the format loss.
+frozen rate, then each time times `STEP`, 1/5, the ratio of the two full fine-tune rates chapter 4 used) by walking
+it from the top (`walk`): the first rate at which the model's VL model, at the first training seed, passes the
+primary test's preconditions (`passes`: the image task learned and knowledge held, decided by
+`sinklib.claims.ch11.pair_rows`, the rule every pair of the panel is judged by). The format outcome plays no part in
+the choice; that does not make the choice neutral about the loss (a model that takes a larger rate may lose more
+format), which the sensitivity analysis (`common_rate`: every model at the grid's second rate) checks.
 A model may start lower in the grid (`grid_start`) where a walk from the top would repeat a failure already seen;
 the chapter says which and why.
 """
@@ -21,22 +22,28 @@ from sinklib.errors import ParameterError
 
 #: how many rates the grid has (the frozen rate and two steps down)
 GRID_POINTS = 3
+#: the step down the grid, frozen in session 42 as the ratio of the two full fine-tune rates chapter 4 used
+#: (Gemma-3's 1e-5 over SmolLM2's 5e-5), applied as multiply-then-divide, as `fourpanel.model_rate` scaled
+#: Gemma-3's rate, so the grid's second rate is that float; literals, so that editing `vl.MODEL_RATES` cannot move it
+STEP = (1e-5, 5e-5)
+#: the grid index every model trains at in the sensitivity analysis (lr_rule 'common-rate', session 43)
+COMMON_INDEX = 1
 
 
 def rate_grid(recipe: Mapping[str, Any], n: int = GRID_POINTS) -> list[float]:
-    """The descending grid of stage-2 rates: the recipe's frozen rate, then each previous rate times the smallest
-    full fine-tune rate of `vl.MODEL_RATES` over the recipe's (`vl.RECIPE`; 1e-5 / 5e-5), computed as
-    `fourpanel.model_rate` scales a rate (multiply, then divide), so the grid's second rate is the very float the
-    first amendment gave Gemma-3."""
-    from sinklib import vl
-
+    """The descending grid of stage-2 rates: the recipe's frozen rate, then each previous rate times `STEP`
+    (multiply by 1e-5, then divide by 5e-5), so the grid's second rate is the very float the first amendment gave
+    Gemma-3."""
     n = check_int("n", n, 1, 10)
-    low = min(r["lr_lm"] for r in vl.MODEL_RATES.values())
-    high = vl.RECIPE["lr_lm"]
     out = [float(recipe["lr_lm"])]
     while len(out) < n:
-        out.append(out[-1] * low / high)
+        out.append(out[-1] * STEP[0] / STEP[1])
     return out
+
+
+def common_rate(recipe: Mapping[str, Any]) -> float:
+    """The sensitivity analysis's one rate for every model: the grid's second (`COMMON_INDEX`)."""
+    return rate_grid(recipe)[COMMON_INDEX]
 
 
 def check_grid_start(name: str, value: Any) -> dict:
@@ -101,4 +108,4 @@ def walk_rows(walks: Mapping[str, list[dict]], seed: int, image_size: int) -> li
     return out
 
 
-__all__ = ["GRID_POINTS", "rate_grid", "check_grid_start", "passes", "walk", "chosen", "walk_rows"]
+__all__ = ["GRID_POINTS", "STEP", "COMMON_INDEX", "rate_grid", "common_rate", "check_grid_start", "passes", "walk", "chosen", "walk_rows"]

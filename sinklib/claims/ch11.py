@@ -4,6 +4,8 @@ primary test over the pairs that pass (`sinklib.adapt.fourpanel.primary_test`). 
 `sinklib.adapt.fourpanel.run_panel`."""
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -178,36 +180,83 @@ def _change_words(e) -> str:
     return f"{e.v:+.1f} [{e.lo:+.1f}, {e.hi:+.1f}] points ({where})"
 
 
-def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None) -> str:
-    """What the panel found, in words with its numbers, for the end of the chapter: the primary test's outcome by
-    the book's rule (`fourpanel.primary_verdict`) and its numbers, each pair in order of base S (its rate where the
-    design chose one, its VL change of strict instructions, its knowledge change, in or out of the test), and the
-    outcome of predictions 2, 3 and 6 of section 11.1. Markdown, one bullet per finding."""
+_ANSWER = {"reproduced": "yes: the higher a base model's S, the less strict instruction format its VL model lost",
+           "contradicted": "the opposite of the paper: the higher a base model's S, the more strict instruction format "
+                           "its VL model lost",
+           "inconclusive": "the panel cannot say: the losses are not ordered by S more closely than chance "
+                           "orderings often are",
+           "not tested": "the panel could not ask it: too few pairs passed their preconditions"}
+
+
+def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None, *,
+             interim: bool = False, second_rate: float | None = None,
+             sensitivity: tuple[pd.DataFrame, Mapping[str, Any]] | None = None) -> str:
+    """What the panel found, in words with its numbers, for the end of the chapter: the answer to the chapter's
+    question, the primary test's outcome by the book's rule (`fourpanel.primary_verdict`, labelled an interim look
+    when `interim`), each pair in order of base S (its rate where the design chose one, its VL change of strict
+    instructions, its knowledge change, in or out of the test), the outcome of predictions 2, 3 and 6 of section
+    11.1 (6's rates against `second_rate`), and the sensitivity analysis (`sensitivity`: its pair rows and primary
+    test) with prediction 7. Markdown, one bullet per finding."""
     from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
 
     v = primary_verdict(primary)
-    said = "" if v.outcome == "not tested" else f": {primary_sentence(primary)}"
-    out = [f"- **The primary test is {v.outcome}** ({v.why}){said}."]
-    for _, r in rows.sort_values("S", ascending=False).iterrows():
-        rate = (rates or {}).get(r.model, "absent")
-        at = "" if rate == "absent" else (" at no rate of the grid" if rate is None else f" at rate {rate:.3g}")
-        out.append(f"- {r.model} (base S {r.S:+.3f}){at}: strict instructions {_change_words(r['VL: ' + PRIMARY])}, "
-                   f"knowledge {_change_words(r['VL: knowledge acc'])}; "
-                   + ("in the test" if r.precondition else f"left out ({precondition_sentence(r)})") + ".")
+    look = " (interim look: the first training seed only)" if interim else ""
+    out = [f"- **Does a higher base S go with a smaller VL loss of strict instruction format?** {_ANSWER[v.outcome]}"
+           f"{look}.", f"- The primary test: {primary_sentence(primary)}."]
+    out += [_pair_line(r, rates) for _, r in rows.sort_values("S", ascending=False).iterrows()]
     tested = rows[rows.precondition]
     falls = [m for m, e in zip(tested.model, tested["VL: " + PRIMARY]) if e is not None and e.hi < 0]
     k, n = len(falls), len(tested)
-    named = f" ({', '.join(falls)})" if falls else ""
     if not n:
         out.append("- No pair passed its preconditions, so predictions 2, 3 and 6 of section 11.1 cannot be judged.")
-        return "\n".join(out)
-    p3 = ("could not be judged (the test did not run)" if v.outcome == "not tested" else
-          "held" if v.outcome == "inconclusive" else "failed")
-    out.append(f"- Against the predictions of section 11.1: strict format fell beyond the noise in {k} of the {n} "
-               f"tested pairs{named}, so prediction 2 (at least three of four) "
-               f"{'held' if k >= 3 else 'failed'} and prediction 6 (at most two) {'held' if k <= 2 else 'failed'}; "
-               f"prediction 3 (the primary test inconclusive) {p3}.")
+    else:
+        named = f" ({', '.join(falls)})" if falls else ""
+        p3 = ("could not be judged (the test did not run)" if v.outcome == "not tested" else
+              f"is not judged: with {n} pairs no ordering can reach p < 0.05, so it could not fail"
+              if primary["p_min"] > 0.05 else "held" if v.outcome == "inconclusive" else "failed")
+        out.append(f"- Against the predictions of section 11.1: strict format fell beyond the paired noise in {k} of "
+                   f"the {n} tested pairs{named}, so prediction 2 (at least three of four, written for the frozen "
+                   f"rate) {'held' if k >= 3 else 'failed'} and prediction 6's (at most two) "
+                   f"{'held' if k <= 2 else 'failed'}; prediction 3 (the primary test inconclusive) {p3}."
+                   + _rates_line(rates, second_rate))
+    if sensitivity is not None:
+        out.append(_sensitivity_line(*sensitivity))
     return "\n".join(out)
+
+
+def _pair_line(r, rates) -> str:
+    rate = (rates or {}).get(r.model, "absent")
+    at = "" if rate == "absent" else (" at no rate of the grid" if rate is None else f" at rate {rate:.3g}")
+    return (f"- {r.model} (base S {r.S:+.3f}){at}: strict instructions {_change_words(r['VL: ' + PRIMARY])}, "
+            f"knowledge {_change_words(r['VL: knowledge acc'])}; "
+            + ("in the test" if r.precondition else f"left out ({precondition_sentence(r)})") + ".")
+
+
+def _rates_line(rates, second_rate) -> str:
+    """Prediction 6's rates: both Qwen models chosen at the grid's second rate."""
+    qwen = {m: r for m, r in (rates or {}).items() if m.startswith("qwen2.5-coder")}
+    if second_rate is None or not qwen:
+        return ""
+    ok = all(r is not None and math.isclose(r, second_rate) for r in qwen.values())
+    said = ", ".join(f"{m} {'no rate' if r is None else f'{r:.3g}'}" for m, r in qwen.items())
+    return (f" The rates chosen ({said}) {'agree with' if ok else 'differ from'} prediction 6's "
+            f"(both at {second_rate:.3g}).")
+
+
+def _sensitivity_line(rows: pd.DataFrame, primary: Mapping[str, Any]) -> str:
+    """The sensitivity analysis (every model at one rate) in words, with prediction 7 judged."""
+    from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
+
+    v = primary_verdict(primary)
+    first = rows.sort_values("S", ascending=False).iloc[0] if len(rows) else None
+    e = None if first is None else first["VL: " + PRIMARY]
+    held = (first is not None and bool(first.precondition) and e is not None and e.lo <= 0 <= e.hi
+            and v.outcome == "inconclusive")
+    pair = "" if first is None else (f" {first.model}, the highest-S model, at that rate: strict instructions "
+                                     f"{_change_words(e)}, {'in' if first.precondition else 'left out of'} the test.")
+    return (f"- **Sensitivity analysis** (every model at one rate): {primary_sentence(primary)}.{pair} "
+            f"Prediction 7 (it passes, its format change within the noise, the test inconclusive) "
+            f"{'held' if held else 'failed'}.")
 
 
 __all__ = ["findings", "machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]

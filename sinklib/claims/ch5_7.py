@@ -94,11 +94,15 @@ def _four_panel(r: dict) -> Row:
 
     t, rule = r["primary"], r.get("lr_rule", "frozen")
     v = primary_verdict(t)
-    said = (f"ρ = {t['rho']:+.2f} over {t['n']} real models, one-sided exact p = {t['p']:.3f}" if t["n"] >= 3
-            else primary_sentence(t))
+    said = (f"ρ = {t['rho']:+.2f} over {t['n']} real models, one-sided exact p = {t['p']:.3f}"
+            if t["n"] >= 3 and not t.get("constant") else primary_sentence(t))
+    look = "; an interim look at the first training seed only" if r.get("interim") else ""
     stopped = "; ".join(f"{_DESIGNS[k].split(',')[0]}: {primary_verdict(d['primary']).outcome}"
                         for k, d in (r.get("stopped") or {}).items())
-    ours = (f"{said} (chapter 11, {_DESIGNS[rule]})",) + ((f"stopped designs: {stopped}",) if stopped else ())
+    sens = r.get("sensitivity")
+    ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look})",) + ((f"stopped designs: {stopped}",) if stopped else ())
+            + ((f"sensitivity analysis, every model at one rate: {primary_verdict(sens['primary']).outcome}",)
+               if sens else ()))
     return Row(ours, v.outcome, v.why)
 
 
