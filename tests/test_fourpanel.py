@@ -462,7 +462,7 @@ def test_the_chapter_ends_with_its_findings_in_words():
     text = ch11.findings(rows, ch11.primary_of(rows), {"a": 2e-3, "b": 4e-4, "c": None}, interim=True)
     lines = text.splitlines()
     assert lines[0].startswith("- **Does a higher base S go with a smaller VL loss of strict instruction format?** "
-                               "the panel could not ask it") and "interim look" in lines[0]
+                               "The panel could not ask it") and "interim look" in lines[0]
     assert lines[1].startswith("- The primary test: not tested: 2 of 3 pairs pass")
     assert [ln.split(" ")[1] for ln in lines[2:5]] == ["a", "c", "b"]                 # in order of base S
     assert "at rate 0.002: strict instructions -25.0 [" in lines[2] and "(a loss beyond the paired noise)" in lines[2]

@@ -180,12 +180,12 @@ def _change_words(e) -> str:
     return f"{e.v:+.1f} [{e.lo:+.1f}, {e.hi:+.1f}] points ({where})"
 
 
-_ANSWER = {"reproduced": "yes: the higher a base model's S, the less strict instruction format its VL model lost",
-           "contradicted": "the opposite of the paper: the higher a base model's S, the more strict instruction format "
+_ANSWER = {"reproduced": "Yes: the higher a base model's S, the less strict instruction format its VL model lost",
+           "contradicted": "The opposite of the paper: the higher a base model's S, the more strict instruction format "
                            "its VL model lost",
-           "inconclusive": "the panel cannot say: the losses are not ordered by S more closely than chance "
+           "inconclusive": "The panel cannot say: the losses are not ordered by S more closely than chance "
                            "orderings often are",
-           "not tested": "the panel could not ask it: too few pairs passed their preconditions"}
+           "not tested": "The panel could not ask it: too few pairs passed their preconditions"}
 
 
 def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None, *,
