@@ -498,3 +498,16 @@ def test_the_base_evaluation_is_keyed_at_the_frozen_rate_whatever_rate_is_tried(
     fourpanel.run_base(None, pp, lambda: {})
     assert seen == [(RECIPE["lr_lm"], RECIPE["lr_lm"]), (4e-4, 4e-4)]
     assert pp["lr_lm"] == 4e-4  # the pair's own parameters are not changed
+
+
+def test_the_recipe_comes_from_chapter_10_or_from_numbers_when_chapter_10_froze_none():
+    """recipe_of: chapter 10's frozen recipe with numbers replacing its values; after a chapter 10 run that froze
+    nothing (its quick profile) numbers stand alone, and "chapter10" is a clear error."""
+    method = {k: RECIPE[k] for k in ("lm_method", "lora_rank", "lora_alpha", "lora_targets")}
+    doc = {"results": {"lora_method": method, "lora_recipe": {"m": {"lr_lm": 2e-3, "stage2_steps": 2}}}}
+    assert fourpanel.recipe_of(doc, "chapter10", 7) == {**RECIPE, "stage2_steps": 7}
+    empty = {"results": {"lora_method": method, "lora_recipe": {"m": None}}}
+    alone = fourpanel.recipe_of(empty, 1e-3, 3)
+    assert alone["calibrated_on"] is None and alone["lr_lm"] == 1e-3 and alone["stage2_steps"] == 3
+    with pytest.raises(ResultsMissing, match="froze no LoRA recipe"):
+        fourpanel.recipe_of(empty, "chapter10", 3)

@@ -462,7 +462,12 @@ def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) ->
                                  ".ipynb first, or give lr_lm and stage2_steps as numbers")
         base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
     else:
-        base = frozen_recipe(doc10)
+        try:
+            base = frozen_recipe(doc10)
+        except ResultsMissing:  # chapter 10 froze nothing (its quick profile): numbers given here stand alone
+            if FROM_CHAPTER10 in (lr_lm, stage2_steps):
+                raise
+            base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
     out = dict(base)
     if lr_lm != FROM_CHAPTER10:
         out["lr_lm"] = float(lr_lm)
