@@ -456,18 +456,16 @@ def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) ->
     frozen value). Without chapter 10's results both must be numbers, and the LoRA method is `vl.lora`'s default."""
     from sinklib import vl
 
-    if doc10 is None:
-        if FROM_CHAPTER10 in (lr_lm, stage2_steps):
-            raise ResultsMissing("chapter 10's results are needed for its frozen recipe: run notebooks/10_calibration"
-                                 ".ipynb first, or give lr_lm and stage2_steps as numbers")
+    needs10 = FROM_CHAPTER10 in (lr_lm, stage2_steps)
+    try:
+        if doc10 is None:
+            raise ResultsMissing("chapter 10's results are needed for its frozen recipe: run "
+                                 "notebooks/10_calibration.ipynb first, or give lr_lm and stage2_steps as numbers")
+        base = frozen_recipe(doc10)
+    except ResultsMissing:  # no results, or chapter 10 froze nothing (its quick profile): numbers stand alone
+        if needs10:
+            raise
         base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
-    else:
-        try:
-            base = frozen_recipe(doc10)
-        except ResultsMissing:  # chapter 10 froze nothing (its quick profile): numbers given here stand alone
-            if FROM_CHAPTER10 in (lr_lm, stage2_steps):
-                raise
-            base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
     out = dict(base)
     if lr_lm != FROM_CHAPTER10:
         out["lr_lm"] = float(lr_lm)

@@ -180,6 +180,11 @@ def _change_words(e) -> str:
     return f"{e.v:+.1f} [{e.lo:+.1f}, {e.hi:+.1f}] points ({where})"
 
 
+def left_out_sentence(rows: pd.DataFrame) -> str:
+    """The pairs of `pair_rows` left out by their precondition, each with why and its numbers ('none')."""
+    return "; ".join(precondition_sentence(r) for _, r in rows[~rows.precondition].iterrows()) or "none"
+
+
 _ANSWER = {"reproduced": "Yes: the higher a base model's S, the less strict instruction format its VL model lost",
            "contradicted": "The opposite of the paper: the higher a base model's S, the more strict instruction format "
                            "its VL model lost",
@@ -259,4 +264,4 @@ def _sensitivity_line(rows: pd.DataFrame, primary: Mapping[str, Any]) -> str:
             f"{'held' if held else 'failed'}.")
 
 
-__all__ = ["findings", "machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+__all__ = ["findings", "left_out_sentence", "machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
