@@ -19,6 +19,7 @@ from typing import Any
 
 from sinklib.core.params import check_int
 from sinklib.errors import ParameterError
+from sinklib.plots.numbers import interval
 
 #: how many rates the grid has (the frozen rate and two steps down)
 GRID_POINTS = 3
@@ -101,10 +102,10 @@ def walk_rows(walks: Mapping[str, list[dict]], seed: int, image_size: int) -> li
             k, f = r["VL: knowledge acc"], r["VL: " + PRIMARY]
             out.append({"model": name, "rate": f"{t['rate']:.3g}", "VQA (%)": round(r.VQA, 1),
                         "majority (%)": round(r.majority, 1), "learned": "yes" if r.learned else "no",
-                        "knowledge change (pt)": f"{k.v:+.1f} [{k.lo:+.1f}, {k.hi:+.1f}]",
+                        "knowledge change (pt)": interval(k.v, k.lo, k.hi),
                         "passes": "yes" if t["passes"] else "no",
                         "chosen": "yes" if t is tried[-1] and t["passes"] else "",
-                        "strict instructions change (pt, not used)": f"{f.v:+.1f} [{f.lo:+.1f}, {f.hi:+.1f}]"})
+                        "strict instructions change (pt, not used)": interval(f.v, f.lo, f.hi)})
     return out
 
 

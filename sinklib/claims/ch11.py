@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sinklib.adapt.fourpanel import PRIMARY, primary_test
+from sinklib.plots.numbers import interval
 
 #: the metrics of the panel's table: the primary one, the strict and lenient math pair, knowledge
 METRICS = (PRIMARY, "math strict", "math lenient", "knowledge acc")
@@ -70,7 +71,7 @@ def display(rows: pd.DataFrame):
     from sinklib.plots import Table
 
     def cell(e) -> str:
-        return "-" if e is None else f"{e.v:+.1f} [{e.lo:+.1f}, {e.hi:+.1f}]"
+        return "-" if e is None else interval(e.v, e.lo, e.hi)
 
     shown = pd.DataFrame({"model": rows.model, "S (base)": [f"{x:.3f}" for x in rows.S], "seeds": rows.seeds,
                           "VQA %": [f"{v:.1f} (maj. {mj:.0f})" for v, mj in zip(rows.VQA, rows.majority)],
@@ -88,7 +89,7 @@ def precondition_sentence(row: Mapping[str, Any]) -> str:
     task = (f"VQA {row['VQA']:.1f} % against the blind majority's {row['majority']:.1f} % "
             f"({'learned' if row['learned'] else 'not learned'} at every seed)" if row["learned"] else
             f"VQA {row['VQA']:.1f} % against the blind majority's {row['majority']:.1f} % (not learned)")
-    know = "knowledge not measured" if k is None else (f"knowledge {k.v:+.1f} [{k.lo:+.1f}, {k.hi:+.1f}] points "
+    know = "knowledge not measured" if k is None else (f"knowledge {interval(k.v, k.lo, k.hi)} points "
                                                         f"({'held' if not k.hi < 0 else 'fell'})")
     return f"{row['model']}: {task}; {know}"
 
@@ -177,7 +178,7 @@ def _change_words(e) -> str:
         return "not measured"
     where = ("a loss beyond the paired noise" if e.hi < 0 else "a gain beyond the paired noise" if e.lo > 0 else
              "within the paired noise")
-    return f"{e.v:+.1f} [{e.lo:+.1f}, {e.hi:+.1f}] points ({where})"
+    return f"{interval(e.v, e.lo, e.hi)} points ({where})"
 
 
 def left_out_sentence(rows: pd.DataFrame) -> str:
