@@ -10,3 +10,9 @@ def test_signed_zero_reads_unsigned():
 def test_interval_formats_each_bound():
     assert interval(1.3, -0.02, 3.0) == "+1.3 [0.0, +3.0]"
     assert interval(-5.0, -9.24, -0.76) == "-5.0 [-9.2, -0.8]"
+
+
+def test_typographic_minus_for_the_claims_page():
+    from sinklib.stats.verdicts import num
+
+    assert signed(-0.4, 2, minus="−") == "−0.40" and num(-0.004, 2) == "0.00" and num(-0.4, 2) == "−0.40"

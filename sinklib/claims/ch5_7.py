@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 
-from sinklib.claims.core import CH5, CH7, Row, claim, not_testable
+from sinklib.claims.core import CH5, CH7, CH11, Row, claim, not_testable
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, decide, est, fisher_diff, num
 
-CH11 = "11_four_panel"
 
 
 @claim("4b", "Remark 1: layerwise QK-RMSNorm compresses weak heads", (), CH7)
@@ -94,7 +93,7 @@ def _four_panel(r: dict) -> Row:
 
     t, rule = r["primary"], r.get("lr_rule", "frozen")
     v = primary_verdict(t)
-    said = (f"ρ = {t['rho']:+.2f} over {t['n']} real models, one-sided exact p = {t['p']:.3f}"
+    said = (f"ρ = {num(t['rho'], 2)} over {t['n']} real models, one-sided exact p = {t['p']:.3f}"
             if t["n"] >= 3 and not t.get("constant") else primary_sentence(t))
     look = "; an interim look at the first training seed only" if r.get("interim") else ""
     stopped = "; ".join(f"{_DESIGNS[k].split(',')[0]}: {primary_verdict(d['primary']).outcome}"

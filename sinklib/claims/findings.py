@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinklib.claims.core import CH4, CH7, CH8, Evaluated, Results, pooled, strict_metrics, tally_text
+from sinklib.claims.core import CH4, CH7, CH8, CH11, Evaluated, Results, pooled, strict_metrics, tally_text
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, est, num, t_interval
 
@@ -51,6 +51,46 @@ def vl_format(res: Results) -> str:
             f"{'both' if len(fs) == 2 else f'the {len(fs)}'} real models")
     return (f"{head}: the strict-format change, pooled over the training seeds, is {' and '.join(parts)}; "
             f"{_side(list(fs.values()))}.")
+
+
+#: the primary test's outcome in words
+_ORDER = {"reproduced": "Base S ordered the losses as the paper predicts",
+          "contradicted": "Base S ordered the losses opposite to the paper's prediction",
+          "inconclusive": "The panel cannot say whether base S orders the losses",
+          "not tested": "Whether base S orders the losses could not be tested"}
+
+
+def four_panel(res: Results) -> str:
+    """Chapter 11's panel in words: how many pairs lost strict instructions beyond the noise, whether base S
+    ordered the losses (its primary test), and the highest-S model's change at the one common rate."""
+    from sinklib.adapt.calibrate import rate
+    from sinklib.adapt.fourpanel import PRIMARY, primary_verdict
+
+    r = res(CH11)["results"]
+    pairs = [p for p in r["pairs"] if p["precondition"]]
+    if len(pairs) < 3:
+        return ""
+    change = lambda p: Est(*p["VL: " + PRIMARY])  # noqa: E731
+    lost = [p for p in pairs if change(p).hi < 0]
+    look = ", an interim look at the first training seed" if r.get("interim") else ""
+    said = "; ".join(f"{p['model']} {est(change(p))} points at rate {rate(r['rates'][p['model']])}" for p in lost)
+    t = r["primary"]
+    out = (f"On {len(pairs)} real models adapted through LoRA adapters, each at a rate of a fixed grid chosen by "
+           f"whether it learned the image task and kept its knowledge (chapter 11{look}), VL adaptation cost strict "
+           f"instruction format beyond the paired noise in {len(lost)} of {len(pairs)}" + (f": {said}" if lost else "")
+           + f". {_ORDER[primary_verdict(t).outcome]}: Spearman ρ = {num(t['rho'], 2)}, one-sided exact p = "
+           f"{t['p']:.3f} ({primary_verdict(t).outcome}).")
+    sens = r.get("sensitivity")
+    if sens and sens.get("pairs"):
+        top = max(pairs, key=lambda p: p["S"])
+        same = next((p for p in sens["pairs"] if p["model"] == top["model"]), None)
+        if same is not None:
+            e = change(same)
+            out += (f" At one common rate ({rate(sens['rate'])}, a sensitivity analysis) {top['model']}, the model with "
+                    f"the highest S, changed by {est(e)} points "
+                    f"({'within the paired noise' if e.lo <= 0 <= e.hi else 'beyond the paired noise'}), and "
+                    f"ρ = {num(sens['primary']['rho'], 2)}, one-sided p = {sens['primary']['p']:.3f}.")
+    return out
 
 
 def text_only(res: Results) -> str:
@@ -237,8 +277,8 @@ def _untested(evaluated: list[Evaluated]) -> str:
 
 def bottom_line(evaluated: list[Evaluated]) -> str:
     res = Results()
-    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, text_only, s_trajectory, bos_ablation)]
-    sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}.", _untested(evaluated),
+    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, four_panel, text_only, s_trajectory, bos_ablation)]
+    sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}. {_untested(evaluated)}".rstrip(),
                   _verdicts_sentence(evaluated)]
     return "\n\n".join(s for s in sentences if s)
 
@@ -256,11 +296,11 @@ CHAPTER_FINDINGS: dict[str, tuple[Callable[[Results], str], ...]] = {
 
 
 def chapter_found(stem: str, evaluated: list[Evaluated]) -> str:
-    """A chapter's "What we found": the verdict of each claim row it tests, in the claims page's words, and the
-    chapter's other findings; every number read from data/results/."""
+    """A chapter's "What we found": the verdict of each claim row it tests or whose test its results decided, in
+    the claims page's words, and the chapter's other findings; every number read from data/results/."""
     res, lines = Results(), []
-    for e in (e for e in evaluated if e.claim.chapter == stem):
-        body = " ".join(o for o in e.row.ours if o != "—")
+    for e in (e for e in evaluated if stem == e.claim.chapter or stem in e.decided_by):
+        body = "; ".join(o for o in e.row.ours if o != "—")
         why = f" Why: {e.row.reason}" if e.row.reason else ""
         lines.append(f"- **Row {e.claim.id}, {e.row.verdict}.** {e.claim.text}. {body}{why}".rstrip())
     lines += [f"- {x}" for x in (_safe(fn, res) for fn in CHAPTER_FINDINGS.get(stem, ())) if x]
