@@ -126,7 +126,10 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     assert [r["llm"] for r in pr] == ["a", "b"] and pr[0]["source"] == "measured: notebook 11"
     assert pr[0]["delta_instructions_strict"] == pytest.approx(rows.loc["a", "VL: instructions strict"].v)
     shown = ch11.display(rows.reset_index()).frame
-    assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()
+    assert shown.loc["in the primary test", "c"] == "no: precondition failed" and "np." not in shown.to_string()
+    assert list(shown.columns) == ["a", "b", "c"] and "text-only: instructions strict" in shown.index
+    alone = ch11.display(rows.reset_index().assign(**{c: None for c in rows.columns if c.startswith("text-only")}))
+    assert not any(i.startswith("text-only") for i in alone.frame.index)   # a control not run: its rows left out
 
 
 

@@ -67,7 +67,8 @@ def pair_rows(panel: Mapping[str, Any], first_seed: int, image_size: int) -> pd.
 
 
 def display(rows: pd.DataFrame):
-    """`pair_rows` as the chapter shows it: one row per model, each change 'v [lo, hi]' in points."""
+    """`pair_rows` as the chapter shows it: one column per model (so that the table fits the page), each change
+    'v [lo, hi]' in points; a quantity no model has (a control not run yet) is left out."""
     from sinklib.plots import Table
 
     def cell(e) -> str:
@@ -78,9 +79,11 @@ def display(rows: pd.DataFrame):
                           "learned": ["yes" if x else "no" for x in rows.learned],
                           **{c: [cell(e) for e in rows[c]] for c in rows.columns if ":" in c},
                           "in the primary test": ["yes" if x else "no: precondition failed" for x in rows.precondition]})
-    return Table(shown.set_index("model"), "Changes from each base model (points) pooled over the training seeds, "
-                                           "95 % intervals resampling the items and the seeds; VQA against the "
-                                           "blind majority answer (Wilson)")
+    shown = shown.loc[:, [c for c in shown.columns if not (shown[c] == "-").all()]]  # controls not run yet
+    return Table(shown.set_index("model").T, "One column per model: changes from its base model (points) pooled over "
+                                             "the training seeds, 95 % intervals resampling the items and the seeds; "
+                                             "VQA against the blind majority answer (Wilson); rows of controls not "
+                                             "run yet are left out")
 
 
 def precondition_sentence(row: Mapping[str, Any]) -> str:
