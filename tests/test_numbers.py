@@ -1,5 +1,5 @@
 """Signed numbers and intervals in prose: no signed zeros."""
-from sinklib.plots.numbers import interval, signed
+from sinklib.core.numbers import interval, signed
 
 
 def test_signed_zero_reads_unsigned():

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from sinklib.adapt.pairs import LazyStates, Pair
+from sinklib.adapt.primary import PRIMARY, primary_sentence, primary_test, primary_verdict  # noqa: F401 (re-exported)
 from sinklib.core.params import check_choice, check_int
 from sinklib.errors import ParameterError, ResultsMissing
 
@@ -33,7 +34,6 @@ from sinklib.errors import ParameterError, ResultsMissing
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 #: the trained conditions, in the order their jobs run after the primary test's
 KINDS = ("vl", "text_only")
-PRIMARY = "instructions strict"
 PHRASING = "field"
 #: how each model's stage-2 rate follows from the frozen recipe: 'frozen' (the same rate for all four: the
 #: pre-registered design) or 'recipe-scaled' (times the model's own full fine-tune rate over the calibration model's,
@@ -207,61 +207,6 @@ def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, lo
         keyed.update(lr_lm=float(key_rate), lr_projector_stage2=float(key_rate))
     pair = Pair(params=keyed, states=_pair(params, base, streamed=low_memory), projector=None, encoder=None)
     return evaluate_condition(lm, pair, "base", **{**evaluate_kwargs, "vqa_n": 0})
-
-
-def primary_test(S: Mapping[str, float], change: Mapping[str, float]) -> dict:
-    """Spearman's rho of base S against the VL change of the primary metric (points, mean over seeds) across the
-    models of both mappings, with the exact one-sided permutation p (rho > 0, the paper's direction), the opposite
-    one-sided p ('p_reverse') and the smallest p that n models allow. -> {'n', 'rho', 'p', 'p_reverse', 'p_min',
-    'models'}."""
-    from sinklib.stats.rank import spearman_permutation
-
-    models = [m for m in S if m in change and np.isfinite(S[m]) and np.isfinite(change[m])]
-    n = len(models)
-    if n < 3:
-        return {"n": n, "rho": float("nan"), "p": float("nan"), "p_reverse": float("nan"), "p_min": float("nan"),
-                "models": models}
-    x, y = [S[m] for m in models], [change[m] for m in models]
-    if len(set(x)) < 2 or len(set(y)) < 2:  # no ordering to test: every p is 1, the outcome inconclusive
-        return {"n": n, "rho": float("nan"), "p": 1.0, "p_reverse": 1.0, "p_min": 1.0 / float(np.prod(range(1, n + 1))),
-                "models": models, "constant": "S" if len(set(x)) < 2 else "the change"}
-    r = spearman_permutation(x, y, alternative="greater")
-    return {"n": n, "rho": float(r.rho), "p": float(r.p_value),
-            "p_reverse": float(spearman_permutation(x, y, alternative="less").p_value),
-            "p_min": 1.0 / float(np.prod(range(1, n + 1))), "models": models}
-
-
-def primary_verdict(t: Mapping[str, Any], level: float = 0.05):
-    """The primary test's outcome by the book's one rule (`stats.verdicts.decide`, one setting): reproduced when the
-    one-sided p in the paper's direction is below `level`, contradicted when the opposite one-sided p is, not tested
-    with fewer than three pairs, inconclusive otherwise. -> a `Verdict` whose reason gives both one-sided p."""
-    from sinklib.stats.verdicts import Verdict, decide
-
-    if t["n"] < 3:
-        return decide(None, not_tested=f"{t['n']} of {t.get('of', t['n'])} pairs pass their preconditions (the test "
-                                       "needs three or more)")
-    v = decide(None, counts=(int(t["p"] < level), int(t.get("p_reverse", 1.0) < level), 1),
-               quantity=f"one-sided exact test at the {level:g} level")
-    ps = f"one-sided exact p {t['p']:.3f} in the paper's direction and {t.get('p_reverse', 1.0):.3f} against it"
-    if t.get("constant"):
-        return Verdict(v.outcome, f"{t['constant']} is the same for every pair, so there is no ordering to test")
-    side = ("the first" if t["p"] < level else "the second" if t.get("p_reverse", 1.0) < level else "neither")
-    return Verdict(v.outcome, f"{ps}: {side} below {level:g}")
-
-
-def primary_sentence(t: Mapping[str, Any], level: float = 0.05, *, interim: bool = False) -> str:
-    """The primary test in words: its outcome and why (both one-sided p), rho, and what n pairs can show;
-    `interim` labels a look at the first training seed alone."""
-    v = primary_verdict(t, level)
-    look = "interim look, first training seed only: " if interim else ""
-    if t["n"] < 3:  # the reason in one place: the verdict's
-        return f"{look}not tested: {v.why}"
-    reach = ("only a perfect ordering can reach it" if t["p_min"] <= level < 2 * t["p_min"] else
-             "no ordering can reach it" if t["p_min"] > level else "several orderings can reach it")
-    rho = "undefined" if t.get("constant") else f"{t['rho']:+.2f}"
-    return (f"{look}{v.outcome} ({v.why}); Spearman rho of base S against the VL change of the strict instruction "
-            f"pass rate {rho} over {t['n']} pairs (the smallest p {t['n']} pairs allow: {t['p_min']:.3f}; at the "
-            f"{level:g} level {reach})")
 
 
 def vl_snapshot(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False):

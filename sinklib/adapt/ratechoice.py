@@ -6,7 +6,7 @@ second amendment keeps the recipe and chooses each model's rate from a fixed des
 frozen rate, then each time times `STEP`, 1/5, the ratio of the two full fine-tune rates chapter 4 used) by walking
 it from the top (`walk`): the first rate at which the model's VL model, at the first training seed, passes the
 primary test's preconditions (`passes`: the image task learned and knowledge held, decided by
-`sinklib.claims.ch11.pair_rows`, the rule every pair of the panel is judged by). The format outcome plays no part in
+`sinklib.adapt.panelrows.pair_rows`, the rule every pair of the panel is judged by). The format outcome plays no part in
 the choice; that does not make the choice neutral about the loss (a model that takes a larger rate may lose more
 format), which the sensitivity analysis (`common_rate`: every model at the grid's second rate) checks.
 A model may start lower in the grid (`grid_start`) where a walk from the top would repeat a failure already seen;
@@ -19,7 +19,7 @@ from typing import Any
 
 from sinklib.core.params import check_int
 from sinklib.errors import ParameterError
-from sinklib.plots.numbers import interval
+from sinklib.core.numbers import interval
 
 #: how many rates the grid has (the frozen rate and two steps down)
 GRID_POINTS = 3
@@ -57,9 +57,9 @@ def check_grid_start(name: str, value: Any) -> dict:
 
 def passes(name: str, base: Mapping[str, Any], vl_eval: Mapping[str, Any], seed: int, image_size: int) -> bool:
     """Whether one model's VL evaluation at one seed passes the primary test's preconditions against its base
-    evaluation: `sinklib.claims.ch11.pair_rows` on a panel of that one pair, so the walk and the panel's table
+    evaluation: `sinklib.adapt.panelrows.pair_rows` on a panel of that one pair, so the walk and the panel's table
     apply the same rule."""
-    from sinklib.claims.ch11 import pair_rows
+    from sinklib.adapt.panelrows import pair_rows
 
     rows = pair_rows({"base": {name: base}, "evals": {(name, seed, "vl"): vl_eval}}, seed, image_size)
     return bool(rows.precondition.iloc[0])
@@ -91,8 +91,8 @@ def walk_rows(walks: Mapping[str, list[dict]], seed: int, image_size: int) -> li
     """The walks as table rows: model, rate, VQA against the majority, the knowledge change with its interval,
     the strict instruction change (shown, not used by the choice), whether the pair passes and whether it was
     chosen."""
-    from sinklib.adapt.fourpanel import PRIMARY
-    from sinklib.claims.ch11 import pair_rows
+    from sinklib.adapt.primary import PRIMARY
+    from sinklib.adapt.panelrows import pair_rows
 
     out = []
     for name, tried in walks.items():
