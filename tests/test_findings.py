@@ -212,9 +212,12 @@ def test_four_panel_sentence_follows_chapter_11s_results(monkeypatch):
            "sensitivity": sens}
     _fake(monkeypatch, {"11_four_panel": {"results": doc}})
     text = findings.four_panel(Results())
-    assert "On 3 real models" in text and "beyond the paired noise in 2 of 3: a −5.0 [−9.0, −1.0] points at rate 2e-3" in text
-    assert "c −4.0 [−7.0, −0.5] points at rate 4e-4" in text and "an interim look" in text
-    assert "cannot say whether base S orders the losses: Spearman ρ = −0.50, one-sided exact p = 0.830" in text
-    assert "a, the model with the highest S, changed by +0.6 [−2.5, +3.9] points (within the paired noise)" in text
-    doc["pairs"] = pairs[:2]  # fewer than three pairs in the test: no sentence
+    assert text.startswith("On 4 real models (chapter 11)") and "beyond the paired noise in 2 of the 3 tested pairs" in text
+    assert "(a −5.0 [−9.0, −1.0] points at rate 2e-3; c −4.0 [−7.0, −0.5] points at rate 4e-4)" in text
+    assert "cannot say whether base S orders the losses: Spearman ρ −0.50 over 3 pairs, one-sided exact p 0.830" in text
+    assert "a, the model with the highest S, trained at 2e-3; at 4e-4" in text and "+0.6 [−2.5, +3.9] points (within" in text
+    assert "3 pairs cannot tell S from the rate" in text and "interim look" in text
+    doc["rates"]["a"] = 4e-4   # trained at the common rate already: nothing more to say about it
+    assert "the model with the highest S" not in findings.four_panel(Results())
+    doc["pairs"] = pairs[:2] + pairs[3:]  # fewer than three pairs in the test: no sentence
     assert findings.four_panel(Results()) == ""

@@ -130,6 +130,10 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     assert list(shown.columns) == ["a", "b", "c"] and "text-only: instructions strict" in shown.index
     alone = ch11.display(rows.reset_index().assign(**{c: None for c in rows.columns if c.startswith("text-only")}))
     assert not any(i.startswith("text-only") for i in alone.frame.index)   # a control not run: its rows left out
+    pt = ch11.primary_table(rows.reset_index(), {"a": 2e-3, "b": 4e-4, "c": 4e-4}, None, "t").frame
+    assert list(pt.index) == list(rows.sort_values("S", ascending=False).index) and set(pt.rate) <= {"2e-3", "4e-4"}
+    assert "S (chapter 2)" not in pt.columns and pt.loc["c", "in the test"] == "no: precondition failed"
+    assert "S (chapter 2)" in ch11.primary_table(rows.reset_index(), {m: 1e-3 for m in "abc"}, {"a": 0.1}, "t").frame
 
 
 
@@ -468,7 +472,7 @@ def test_the_chapter_ends_with_its_findings_in_words():
                                "The panel could not ask it") and "interim look" in lines[0]
     assert lines[1].startswith("- The primary test: not tested: 2 of 3 pairs pass")
     assert [ln.split(" ")[1] for ln in lines[2:5]] == ["a", "c", "b"]                 # in order of base S
-    assert "at rate 0.002: strict instructions -25.0 [" in lines[2] and "(a loss beyond the paired noise)" in lines[2]
+    assert "at rate 2e-3: strict instructions -25.0 [" in lines[2] and "(a loss beyond the paired noise)" in lines[2]
     assert "at no rate of the grid" in lines[3] and "left out (c: VQA" in lines[3]
     assert "fell beyond the paired noise in 1 of the 2 tested pairs (a)" in lines[5]
     assert "prediction 2 (at least three of four, written for the frozen rate) failed and prediction 6's" in lines[5]
@@ -480,11 +484,15 @@ def test_the_chapter_ends_with_its_findings_in_words():
     t3 = ch11.findings(r3, ch11.primary_of(r3), {"qwen2.5-coder-0.5b": 4e-4}, second_rate=4e-4,
                        sensitivity=(r3, ch11.primary_of(r3)))
     assert "is not judged: with 3 pairs no ordering can reach p < 0.05" in t3             # 1/6: it could not fail
-    assert "The rates chosen (qwen2.5-coder-0.5b 0.0004) agree with prediction 6's (both at 0.0004)." in t3
+    assert "The rates chosen (qwen2.5-coder-0.5b 4e-4) agree with prediction 6's (both at 4e-4)." in t3
+    assert "Predictions 4 and 5 (the text-only and the random control) are not judged" in t3   # no control ran
     assert t3.splitlines()[-1].startswith("- **Sensitivity analysis** (every model at one rate): inconclusive")
     assert "a, the highest-S model, at that rate: strict instructions -25.0" in t3 and t3.endswith("failed.")
+    p1 = ch11.findings(r3, ch11.primary_of(r3), frozen=rows)
+    assert "Prediction 1 (every model learns the image task and keeps its knowledge) failed at the frozen rate (c did " \
+           "not;" in p1 and "at the rates this design chose, 3 of 3 pairs passed" in p1
     none = ch11.findings(rows[rows.model == "c"], ch11.primary_of(rows[rows.model == "c"]))
-    assert none.splitlines()[-1].startswith("- No pair passed its preconditions, so predictions 2, 3 and 6")
+    assert none.splitlines()[-2].startswith("- No pair passed its preconditions, so predictions 2, 3 and 6")
 
 
 def test_the_base_evaluation_is_keyed_at_the_frozen_rate_whatever_rate_is_tried(tmp_path, monkeypatch):

@@ -91,6 +91,7 @@ def walk_rows(walks: Mapping[str, list[dict]], seed: int, image_size: int) -> li
     """The walks as table rows: model, rate, VQA against the majority, the knowledge change with its interval,
     the strict instruction change (shown, not used by the choice), whether the pair passes and whether it was
     chosen."""
+    from sinklib.adapt.calibrate import rate
     from sinklib.adapt.primary import PRIMARY
     from sinklib.adapt.panelrows import pair_rows
 
@@ -100,7 +101,7 @@ def walk_rows(walks: Mapping[str, list[dict]], seed: int, image_size: int) -> li
             r = pair_rows({"base": {name: t["base"]}, "evals": {(name, seed, "vl"): t["vl"]}}, seed,
                           image_size).iloc[0]
             k, f = r["VL: knowledge acc"], r["VL: " + PRIMARY]
-            out.append({"model": name, "rate": f"{t['rate']:.3g}", "VQA (%)": round(r.VQA, 1),
+            out.append({"model": name, "rate": rate(t["rate"]), "VQA (%)": round(r.VQA, 1),
                         "majority (%)": round(r.majority, 1), "learned": "yes" if r.learned else "no",
                         "knowledge change (pt)": interval(k.v, k.lo, k.hi),
                         "passes": "yes" if t["passes"] else "no",

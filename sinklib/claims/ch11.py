@@ -14,6 +14,7 @@ import pandas as pd
 
 from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows  # noqa: F401
 from sinklib.adapt.primary import PRIMARY, primary_test
+from sinklib.adapt.calibrate import rate as rate_text
 from sinklib.core.numbers import interval
 
 def display(rows: pd.DataFrame):
@@ -149,13 +150,15 @@ _ANSWER = {"reproduced": "Yes: the higher a base model's S, the less strict inst
 
 def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None, *,
              interim: bool = False, second_rate: float | None = None,
-             sensitivity: tuple[pd.DataFrame, Mapping[str, Any]] | None = None) -> str:
+             sensitivity: tuple[pd.DataFrame, Mapping[str, Any]] | None = None,
+             frozen: pd.DataFrame | None = None) -> str:
     """What the panel found, in words with its numbers, for the end of the chapter: the answer to the chapter's
     question, the primary test's outcome by the book's rule (`fourpanel.primary_verdict`, labelled an interim look
     when `interim`), each pair in order of base S (its rate where the design chose one, its VL change of strict
     instructions, its knowledge change, in or out of the test), the outcome of predictions 2, 3 and 6 of section
-    11.1 (6's rates against `second_rate`), and the sensitivity analysis (`sensitivity`: its pair rows and primary
-    test) with prediction 7. Markdown, one bullet per finding."""
+    11.1 (6's rates against `second_rate`), prediction 1 at the frozen rate (`frozen`: the pre-registered design's
+    rows) and at the chosen ones, whether the controls (predictions 4 and 5) have run, and the sensitivity analysis
+    (`sensitivity`: its pair rows and primary test) with prediction 7. Markdown, one bullet per finding."""
     from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
 
     v = primary_verdict(primary)
@@ -178,14 +181,36 @@ def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str,
                    f"rate) {'held' if k >= 3 else 'failed'} and prediction 6's (at most two) "
                    f"{'held' if k <= 2 else 'failed'}; prediction 3 (the primary test inconclusive) {p3}."
                    + _rates_line(rates, second_rate))
+    out += _prediction1_line(frozen, rows) + _controls_line(rows)
     if sensitivity is not None:
         out.append(_sensitivity_line(*sensitivity))
     return "\n".join(out)
 
 
+def _prediction1_line(frozen: pd.DataFrame | None, rows: pd.DataFrame) -> list[str]:
+    """Prediction 1 (every model learns the task and keeps its knowledge) at the frozen rate (`frozen`: the
+    pre-registered design's pair rows) and at the chosen rates."""
+    if frozen is None or not len(frozen):
+        return []
+    bad = list(frozen.model[~frozen.precondition])
+    ok = int(rows.precondition.sum())
+    return [f"- Prediction 1 (every model learns the image task and keeps its knowledge) "
+            f"{'failed' if bad else 'held'} at the frozen rate ({', '.join(bad) or 'every model passed'}"
+            f"{' did not' if bad else ''}; the pre-registered design's jobs, section 11.1); at the rates this design "
+            f"chose, {ok} of {len(rows)} pairs passed."]
+
+
+def _controls_line(rows: pd.DataFrame) -> list[str]:
+    """Predictions 4 and 5 wait for the controls: said while no pair has its text-only control."""
+    if any(e is not None for e in rows["VL minus text-only: " + PRIMARY]):
+        return []
+    return ["- Predictions 4 and 5 (the text-only and the random control) are not judged: the controls have not "
+            "run yet."]
+
+
 def _pair_line(r, rates) -> str:
     rate = (rates or {}).get(r.model, "absent")
-    at = "" if rate == "absent" else (" at no rate of the grid" if rate is None else f" at rate {rate:.3g}")
+    at = "" if rate == "absent" else (" at no rate of the grid" if rate is None else f" at rate {rate_text(rate)}")
     return (f"- {r.model} (base S {r.S:+.3f}){at}: strict instructions {_change_words(r['VL: ' + PRIMARY])}, "
             f"knowledge {_change_words(r['VL: knowledge acc'])}; "
             + ("in the test" if r.precondition else f"left out ({precondition_sentence(r)})") + ".")
@@ -197,9 +222,9 @@ def _rates_line(rates, second_rate) -> str:
     if second_rate is None or not qwen:
         return ""
     ok = all(r is not None and math.isclose(r, second_rate) for r in qwen.values())
-    said = ", ".join(f"{m} {'no rate' if r is None else f'{r:.3g}'}" for m, r in qwen.items())
+    said = ", ".join(f"{m} {'no rate' if r is None else rate_text(r)}" for m, r in qwen.items())
     return (f" The rates chosen ({said}) {'agree with' if ok else 'differ from'} prediction 6's "
-            f"(both at {second_rate:.3g}).")
+            f"(both at {rate_text(second_rate)}).")
 
 
 def _sensitivity_line(rows: pd.DataFrame, primary: Mapping[str, Any]) -> str:
@@ -213,9 +238,86 @@ def _sensitivity_line(rows: pd.DataFrame, primary: Mapping[str, Any]) -> str:
             and v.outcome == "inconclusive")
     pair = "" if first is None else (f" {first.model}, the highest-S model, at that rate: strict instructions "
                                      f"{_change_words(e)}, {'in' if first.precondition else 'left out of'} the test.")
-    return (f"- **Sensitivity analysis** (every model at one rate): {primary_sentence(primary)}.{pair} "
+    return (f"- **Sensitivity analysis** (every model at one rate): {primary_sentence(primary, bounds=False)}.{pair} "
             f"Prediction 7 (it passes, its format change within the noise, the test inconclusive) "
             f"{'held' if held else 'failed'}.")
 
 
 __all__ = ["findings", "left_out_sentence", "machines", "machines_sentence", "precondition_sentence", "panel_rows", "random_rows", "METRICS", "condition_name", "outcomes_doc", "pair_rows", "display", "primary_of"]
+
+
+def rows_of(pairs: list[dict]) -> pd.DataFrame:
+    """Saved pair rows (the results' 'pairs': each change as [v, lo, hi]) back as `pair_rows` rows (changes as
+    `Est`), for the claims page and the bottom line."""
+    from sinklib.stats.verdicts import Est
+
+    rows = pd.DataFrame(pairs)
+    for c in [c for c in rows.columns if ":" in c]:
+        rows[c] = [None if v is None else Est(*v) for v in rows[c]]
+    return rows
+
+
+#: the primary test's outcome, as the first words of a sentence that gives its numbers
+_ORDER = {"reproduced": "Base S ordered the losses as the paper predicts",
+          "contradicted": "Base S ordered the losses opposite to the paper's prediction",
+          "inconclusive": "The panel cannot say whether base S orders the losses",
+          "not tested": "Whether base S orders the losses could not be tested"}
+
+
+def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None], *,
+                  interim: bool = False, sensitivity: tuple[pd.DataFrame, Mapping[str, Any], float] | None = None,
+                  minus: str = "-") -> str:
+    """The panel in a few sentences, for the top of the chapter and the landing page: how many tested pairs lost
+    strict instructions beyond the paired noise (with their changes and rates), the primary test, the highest-S
+    model at the sensitivity analysis's common rate (`sensitivity`: its rows, primary test and rate) when the main
+    design trained it at another, and whether this is the interim look. `minus`: the claims pages' '−'."""
+    from sinklib.adapt.primary import primary_verdict
+    from sinklib.core.numbers import signed
+
+    rate = rate_text
+    iv = lambda e: interval(e.v, e.lo, e.hi, minus=minus)  # noqa: E731
+    at = lambda m: f" at rate {rate(rates[m])}" if (rates or {}).get(m) else ""  # noqa: E731
+    tested = rows[rows.precondition]
+    lost = [(r.model, r["VL: " + PRIMARY]) for _, r in tested.iterrows()
+            if r["VL: " + PRIMARY] is not None and r["VL: " + PRIMARY].hi < 0]
+    said = "; ".join(f"{m} {iv(e)} points{at(m)}" for m, e in lost)
+    v = primary_verdict(primary)
+    out = [f"VL adaptation through LoRA cost strict instruction format beyond the paired noise in {len(lost)} of the "
+           f"{len(tested)} tested pairs" + (f" ({said})" if lost else "") + ", each model at a rate of a fixed grid "
+           "chosen by whether it learned the image task and kept its knowledge.",
+           f"{_ORDER[v.outcome]}: " + (f"Spearman ρ {signed(primary['rho'], 2, minus)} over {primary['n']} pairs, "
+                                        f"one-sided exact p {primary['p']:.3f} ({v.outcome})." if primary["n"] >= 3
+                                        else f"{v.why}.")]
+    if sensitivity is not None and len(tested):
+        s_rows, s_primary, common = sensitivity
+        top = tested.sort_values("S").iloc[-1]
+        same = s_rows[s_rows.model == top.model]
+        if len(same) and (rates or {}).get(top.model) and not math.isclose(rates[top.model], common):
+            e = same.iloc[0]["VL: " + PRIMARY]
+            where = "within the paired noise" if e.lo <= 0 <= e.hi else "beyond the paired noise"
+            out.append(f"{top.model}, the model with the highest S, trained at {rate(rates[top.model])}; at "
+                       f"{rate(common)}, "
+                       f"the one rate the sensitivity analysis gives every model, its change was {iv(e)} points "
+                       f"({where}) and ρ {signed(s_primary['rho'], 2, minus)}, one-sided p {s_primary['p']:.3f}: "
+                       f"with rates that differ between the pairs, {primary['n']} pairs cannot tell S from the rate.")
+    if interim:
+        out.append("This is an interim look: the first training seed only, the controls not run yet.")
+    return " ".join(out)
+
+
+def primary_table(rows: pd.DataFrame, rates: Mapping[str, float], S2: Mapping[str, float] | None, title: str):
+    """What a primary test reads, one row per pair in order of base S: base S (and chapter 2's, `S2`, when it is
+    given because it differs), the rate, the VL changes of strict instructions and knowledge, in the test or not."""
+    from sinklib.plots import Table
+
+    r = rows.sort_values("S", ascending=False)
+    cell = lambda e: "-" if e is None else interval(e.v, e.lo, e.hi)  # noqa: E731
+    shown = pd.DataFrame({"model": r.model, "base S": [f"{x:+.3f}" for x in r.S],
+                          **({"S (chapter 2)": [f"{S2[m]:+.3f}" if m in S2 else "-" for m in r.model]} if S2 else {}),
+                          "rate": [rate_text(rates[m]) for m in r.model],
+                          "strict instructions, VL change (pt)": [cell(e) for e in r["VL: " + PRIMARY]],
+                          "knowledge, VL change (pt)": [cell(e) for e in r["VL: knowledge acc"]],
+                          "in the test": ["yes" if x else "no: precondition failed" for x in r.precondition]})
+    same = "" if S2 else "; base S as this chapter's base evaluation measures it (equal to chapter 2's to 3 decimals)"
+    return Table(shown.set_index("model"), f"{title}: in order of base S{same}; the paper predicts the smallest "
+                                           "loss at the top")

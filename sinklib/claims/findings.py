@@ -53,44 +53,17 @@ def vl_format(res: Results) -> str:
             f"{_side(list(fs.values()))}.")
 
 
-#: the primary test's outcome in words
-_ORDER = {"reproduced": "Base S ordered the losses as the paper predicts",
-          "contradicted": "Base S ordered the losses opposite to the paper's prediction",
-          "inconclusive": "The panel cannot say whether base S orders the losses",
-          "not tested": "Whether base S orders the losses could not be tested"}
-
-
 def four_panel(res: Results) -> str:
-    """Chapter 11's panel in words: how many pairs lost strict instructions beyond the noise, whether base S
-    ordered the losses (its primary test), and the highest-S model's change at the one common rate."""
-    from sinklib.adapt.calibrate import rate
-    from sinklib.adapt.fourpanel import PRIMARY, primary_verdict
+    """Chapter 11's panel in words (`claims.ch11.short_summary`), when three or more pairs passed."""
+    from sinklib.claims.ch11 import rows_of, short_summary
 
     r = res(CH11)["results"]
-    pairs = [p for p in r["pairs"] if p["precondition"]]
-    if len(pairs) < 3:
+    rows, sens = rows_of(r["pairs"]), r.get("sensitivity")
+    if int(rows.precondition.sum()) < 3:
         return ""
-    change = lambda p: Est(*p["VL: " + PRIMARY])  # noqa: E731
-    lost = [p for p in pairs if change(p).hi < 0]
-    look = ", an interim look at the first training seed" if r.get("interim") else ""
-    said = "; ".join(f"{p['model']} {est(change(p))} points at rate {rate(r['rates'][p['model']])}" for p in lost)
-    t = r["primary"]
-    out = (f"On {len(pairs)} real models adapted through LoRA adapters, each at a rate of a fixed grid chosen by "
-           f"whether it learned the image task and kept its knowledge (chapter 11{look}), VL adaptation cost strict "
-           f"instruction format beyond the paired noise in {len(lost)} of {len(pairs)}" + (f": {said}" if lost else "")
-           + f". {_ORDER[primary_verdict(t).outcome]}: Spearman ρ = {num(t['rho'], 2)}, one-sided exact p = "
-           f"{t['p']:.3f} ({primary_verdict(t).outcome}).")
-    sens = r.get("sensitivity")
-    if sens and sens.get("pairs"):
-        top = max(pairs, key=lambda p: p["S"])
-        same = next((p for p in sens["pairs"] if p["model"] == top["model"]), None)
-        if same is not None:
-            e = change(same)
-            out += (f" At one common rate ({rate(sens['rate'])}, a sensitivity analysis) {top['model']}, the model with "
-                    f"the highest S, changed by {est(e)} points "
-                    f"({'within the paired noise' if e.lo <= 0 <= e.hi else 'beyond the paired noise'}), and "
-                    f"ρ = {num(sens['primary']['rho'], 2)}, one-sided p = {sens['primary']['p']:.3f}.")
-    return out
+    s = (rows_of(sens["pairs"]), sens["primary"], sens["rate"]) if sens and sens.get("pairs") else None
+    return f"On {len(rows)} real models (chapter 11): " + short_summary(
+        rows, r["primary"], r["rates"], interim=r.get("interim", False), sensitivity=s, minus="−")
 
 
 def text_only(res: Results) -> str:
