@@ -216,7 +216,9 @@ def test_four_panel_sentence_follows_chapter_11s_results(monkeypatch):
     assert "(a −5.0 [−9.0, −1.0] points at rate 2e-3; c −4.0 [−7.0, −0.5] points at rate 4e-4)" in text
     assert "cannot say whether base S orders the losses: Spearman ρ −0.50 over 3 pairs, one-sided exact p 0.830" in text
     assert "a, the model with the highest S, trained at 2e-3; at 4e-4" in text and "+0.6 [−2.5, +3.9] points (within" in text
-    assert "3 pairs cannot tell S from the rate" in text and "interim look" in text
+    assert "the two analyses differ only in this model's rate" in text and "interim look" in text
+    doc["stopped"] = {"frozen": {"pairs": [pair("a", 0.7, [-5.0, -9.0, -1.0]), pair("d", -0.2, [0, 0, 0], ok=False)]}}
+    assert "The recipe's frozen rate had destroyed 1 of the first 2 models" in findings.four_panel(Results())
     doc["rates"]["a"] = 4e-4   # trained at the common rate already: nothing more to say about it
     assert "the model with the highest S" not in findings.four_panel(Results())
     doc["pairs"] = pairs[:2] + pairs[3:]  # fewer than three pairs in the test: no sentence

@@ -25,14 +25,16 @@ def display(rows: pd.DataFrame):
     def cell(e) -> str:
         return "-" if e is None else interval(e.v, e.lo, e.hi)
 
-    shown = pd.DataFrame({"model": rows.model, "S (base)": [f"{x:.3f}" for x in rows.S], "seeds": rows.seeds,
+    shown = pd.DataFrame({"model": rows.model, "S (base)": [f"{x:+.3f}" for x in rows.S], "seeds": rows.seeds,
                           "VQA %": [f"{v:.1f} (maj. {mj:.0f})" for v, mj in zip(rows.VQA, rows.majority)],
                           "learned": ["yes" if x else "no" for x in rows.learned],
                           **{c: [cell(e) for e in rows[c]] for c in rows.columns if ":" in c},
                           "in the primary test": ["yes" if x else "no: precondition failed" for x in rows.precondition]})
     shown = shown.loc[:, [c for c in shown.columns if not (shown[c] == "-").all()]]  # controls not run yet
-    return Table(shown.set_index("model").T, "One column per model: changes from its base model (points) pooled over "
-                                             "the training seeds, 95 % intervals resampling the items and the seeds; "
+    one = bool((rows.seeds == 1).all())
+    how = ("the first training seed only (interim look), 95 % intervals resampling the items" if one else
+           "pooled over the training seeds, 95 % intervals resampling the items and the seeds")
+    return Table(shown.set_index("model").T, f"One column per model: changes from its base model (points), {how}; "
                                              "VQA against the blind majority answer (Wilson); rows of controls not "
                                              "run yet are left out")
 
@@ -112,16 +114,21 @@ def machines(panel: Mapping[str, Any]) -> dict:
 def machines_sentence(m: Mapping[str, Any]) -> str:
     """`machines` in words, for the chapter's note on where it ran."""
     kinds = sorted(set(m["machines"].values()))
+    n, unrec = m["evaluations"], m["unrecorded"]
     if m["machines"]:
-        out = (f"the {m['evaluations']} evaluations ran on {len(m['machines'])} machine(s) ({'; '.join(kinds)})"
-               + (f", {m['unrecorded']} of them computed before sinkbook recorded the machine" if m["unrecorded"] else ""))
+        one = len(m["machines"]) == 1
+        out = (f"the {n - unrec} evaluations that recorded their machine ran on {len(m['machines'])} "
+               f"machine{'' if one else 's'} ({'; '.join(kinds)})"
+               + (f"; {unrec} were computed before sinkbook recorded the machine" if unrec else ""))
     else:
-        out = f"the {m['evaluations']} evaluations do not record their machine (computed before sinkbook recorded it)"
+        out = f"the {n} evaluations do not record their machine (computed before sinkbook recorded it)"
     if m["rebuilt"]:
         bad = m["not bit-identical"]
         out += (f"; {len(m['rebuilt'])} read a snapshot trained on another machine and rebuilt or retrained here "
                 f"({', '.join(m['rebuilt'])}), " + (f"{len(bad)} of them not bit-identical to the first training: "
                                                     f"{', '.join(bad)}" if bad else "every one bit-identical"))
+    elif unrec:
+        out += "; every evaluation that recorded its machine read weights trained on that machine"
     else:
         out += "; every evaluation read weights trained on the machine that evaluated them"
     return out
@@ -176,15 +183,30 @@ def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str,
         p3 = ("could not be judged (the test did not run)" if v.outcome == "not tested" else
               f"is not judged: with {n} pairs no ordering can reach p < 0.05, so it could not fail"
               if primary["p_min"] > 0.05 else "held" if v.outcome == "inconclusive" else "failed")
+        if v.outcome == "inconclusive" and second_rate is not None:
+            p3 += " (in the main design it could end only inconclusive or contradicted, section 11.1)"
         out.append(f"- Against the predictions of section 11.1: strict format fell beyond the paired noise in {k} of "
-                   f"the {n} tested pairs{named}, so prediction 2 (at least three of four, written for the frozen "
-                   f"rate) {'held' if k >= 3 else 'failed'} and prediction 6's (at most two) "
-                   f"{'held' if k <= 2 else 'failed'}; prediction 3 (the primary test inconclusive) {p3}."
+                   f"the {n} tested pairs{named}, so prediction 6's (at most two) {'held' if k <= 2 else 'failed'}; "
+                   f"prediction 2 (at least three of four, least in the 1.5B model) was written for the frozen rate "
+                   f"and cannot be judged as written; at the chosen rates it would have {'held' if k >= 3 else 'failed'}"
+                   f"{_largest_loss(tested)}; prediction 3 (the primary test inconclusive) {p3}."
                    + _rates_line(rates, second_rate))
     out += _prediction1_line(frozen, rows) + _controls_line(rows)
     if sensitivity is not None:
         out.append(_sensitivity_line(*sensitivity))
     return "\n".join(out)
+
+
+def _largest_loss(tested: pd.DataFrame, model: str = "qwen2.5-coder-1.5b") -> str:
+    """Where prediction 2's 'least in the 1.5B model' stands: the rank of `model`'s loss among the tested pairs."""
+    ch = {m: e.v for m, e in zip(tested.model, tested["VL: " + PRIMARY]) if e is not None}
+    if model not in ch:
+        return ""
+    rank = sorted(ch, key=ch.get).index(model) + 1
+    return f" ({model}'s change is the {_ORDINAL.get(rank, f'{rank}th ')}largest loss of {len(ch)})"
+
+
+_ORDINAL = {1: "", 2: "second ", 3: "third ", 4: "fourth "}
 
 
 def _prediction1_line(frozen: pd.DataFrame | None, rows: pd.DataFrame) -> list[str]:
@@ -299,7 +321,7 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
                        f"{rate(common)}, "
                        f"the one rate the sensitivity analysis gives every model, its change was {iv(e)} points "
                        f"({where}) and ρ {signed(s_primary['rho'], 2, minus)}, one-sided p {s_primary['p']:.3f}: "
-                       f"with rates that differ between the pairs, {primary['n']} pairs cannot tell S from the rate.")
+                       "the two analyses differ only in this model's rate.")
     if interim:
         out.append("This is an interim look: the first training seed only, the controls not run yet.")
     return " ".join(out)
@@ -321,3 +343,56 @@ def primary_table(rows: pd.DataFrame, rates: Mapping[str, float], S2: Mapping[st
     same = "" if S2 else "; base S as this chapter's base evaluation measures it (equal to chapter 2's to 3 decimals)"
     return Table(shown.set_index("model"), f"{title}: in order of base S{same}; the paper predicts the smallest "
                                            "loss at the top")
+
+
+def s_orderings(S: Mapping[str, float], margins: list[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """The orderings of the models of `S` (highest first) that chapter 2's S allows within its own noise: a pair
+    whose margin never changed sign across chapter 2's prompt draws (`margins`: its 'robustness_margins' rows, a, b,
+    'sign flips') keeps its order; a pair whose margin flipped may come either way."""
+    from itertools import permutations
+
+    fixed = {(r["a"], r["b"]) if S[r["a"]] > S[r["b"]] else (r["b"], r["a"]) for r in margins
+             if r["a"] in S and r["b"] in S and not r["sign flips"]}
+    return [o for o in permutations(sorted(S, key=S.get, reverse=True))
+            if all(o.index(a) < o.index(b) for a, b in fixed)]
+
+
+def ordering_sentence(rows: pd.DataFrame, margins: list[Mapping[str, Any]]) -> str:
+    """How the primary test on `rows` (the pairs that pass) would come out over every ordering of S within chapter
+    2's noise (`s_orderings`): which pairs may swap, the range of rho and the outcomes. A description: the verdict
+    rule reads S as measured."""
+    from collections import Counter
+
+    from sinklib.adapt.primary import primary_verdict
+
+    ok = rows[rows.precondition]
+    S = dict(zip(ok.model, ok.S))
+    change = {m: e.v for m, e in zip(ok.model, ok["VL: " + PRIMARY])}
+    if len(S) < 3:
+        return "not computed (fewer than three pairs in the test)"
+    flips = [f"{r['a']} and {r['b']} ({r['sign flips']} of {r['cells']} draws)" for r in margins
+             if r["a"] in S and r["b"] in S and r["sign flips"]]
+    tests = [primary_test({m: -o.index(m) for m in o}, change) for o in s_orderings(S, margins)]
+    rhos = [t["rho"] for t in tests]
+    outcomes = Counter(primary_verdict(t).outcome for t in tests)
+    said = ", ".join(f"{k} in {n}" for k, n in outcomes.most_common())
+    return (f"the pairs whose S ordering flips across chapter 2's prompt draws: {'; '.join(flips) or 'none'}; over the "
+            f"{len(tests)} orderings of S they allow, rho ranges from {min(rhos):+.2f} to {max(rhos):+.2f} and the "
+            f"outcome would be {said}")
+
+
+def calibration_sentence(doc10: Mapping[str, Any], rows: pd.DataFrame, recipe: Mapping[str, Any]) -> str:
+    """The calibration model's strict instruction change at the frozen LoRA point in chapter 10 beside its change
+    here (same nominal recipe, other training questions), or '' when either is missing."""
+    m = recipe.get("calibrated_on")
+    pts = [p for p in ((doc10.get("results") or {}).get("lora_sweep") or {}).get(m, [])
+           if math.isclose(p["lr_lm"], recipe["lr_lm"]) and p["steps"] == recipe["stage2_steps"]]
+    here = rows[rows.model == m]
+    if not pts or not len(here) or here.iloc[0]["VL: " + PRIMARY] is None:
+        return ""
+    p, e = pts[0], here.iloc[0]["VL: " + PRIMARY]
+    return (f"On {m}, the model chapter 10 calibrated on, the same nominal recipe (rate {rate_text(recipe['lr_lm'])}, "
+            f"{recipe['stage2_steps']} steps) changed strict instructions by "
+            f"{interval(p[PRIMARY], p[PRIMARY + ' lo'], p[PRIMARY + ' hi'])} points in chapter 10 (VQA {p['VQA']:.1f} %) "
+            f"and by {interval(e.v, e.lo, e.hi)} here (VQA {here.iloc[0].VQA:.1f} %): the training questions differ "
+            "(here in the field phrasing of section 11.2), so the frozen dose is not the same dose here")

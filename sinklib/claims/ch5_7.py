@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sinklib.claims.core import CH5, CH7, CH11, Row, claim, not_testable
+from sinklib.claims.core import CH5, CH7, CH11, INTERIM, Row, claim, not_testable
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, decide, est, fisher_diff, num
 
@@ -99,10 +99,16 @@ def _four_panel(r: dict) -> Row:
     stopped = "; ".join(f"{_DESIGNS[k].split(',')[0]}: {primary_verdict(d['primary']).outcome}"
                         for k, d in (r.get("stopped") or {}).items())
     sens = r.get("sensitivity")
-    ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look})",) + ((f"stopped designs: {stopped}",) if stopped else ())
-            + ((f"sensitivity analysis, every model at one rate: {primary_verdict(sens['primary']).outcome}",)
-               if sens else ()))
-    return Row(ours, v.outcome, v.why)
+    st = sens["primary"] if sens else None
+    n = next((x["n"] for b in r["base"].values() for x in b["scores"] if (x["suite"], x["metric"]) ==
+              ("instructions", "strict")), "?")
+    ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look}; the change is the strict pass rate of chapter 11's "
+             f"{n}-item instruction suite)",) + ((f"stopped designs: {stopped}",) if stopped else ())
+            + ((f"sensitivity analysis, every model at one rate: ρ = {num(st['rho'], 2)}, one-sided exact p = "
+                f"{st['p']:.3f}, {primary_verdict(st).outcome}",) if sens else ()))
+    why = (f"{INTERIM} (the first training seed, no controls; the confirmatory look may change the verdict): "
+           if r.get("interim") else "") + v.why
+    return Row(ours, v.outcome, why)
 
 
 four_tasks = not_testable("7b", "ρ ≥ 0.82 on each of four format-sensitive tasks (IFEval, EQ-Bench, GSM8K-CoT, GPQA-Diamond-CoT)",

@@ -26,6 +26,8 @@ from sinklib.stats.verdicts import INTERVALS, NOT_RUN, NOT_TESTED, RULES, VERDIC
 CH4, CH5, CH6, CH7, CH8 = ("04_vl_adaptation", "05_panel_correlations", "06_negative_controls", "07_controlled_panel",
                            "08_causal_tests")
 CH11 = "11_four_panel"
+#: how the reason of a row decided on an interim look begins (its verdict may change at the confirmatory look)
+INTERIM = "interim look"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinklib.claims.core import CH4, CH7, CH8, CH11, Evaluated, Results, pooled, strict_metrics, tally_text
+from sinklib.claims.core import CH4, CH7, CH8, CH11, INTERIM, Evaluated, Results, pooled, strict_metrics, tally_text
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, est, num, t_interval
 
@@ -46,8 +46,8 @@ def vl_format(res: Results) -> str:
     ks = {m: pooled(doc, m, "vl", "base", ("knowledge acc",))[0] for m in fs}
     parts = [f"{m} {est(fs[m])} points (knowledge {est(ks[m])})" for m in fs]
     lost = [m for m, e in fs.items() if e.hi < 0]
-    head = (f"Our miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
-            if lost else "Our miniature vision-language adaptation cost no detectable strict-format skill in "
+    head = (f"Chapter 4's miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
+            if lost else "Chapter 4's miniature vision-language adaptation cost no detectable strict-format skill in "
             f"{'both' if len(fs) == 2 else f'the {len(fs)}'} real models")
     return (f"{head}: the strict-format change, pooled over the training seeds, is {' and '.join(parts)}; "
             f"{_side(list(fs.values()))}.")
@@ -62,8 +62,13 @@ def four_panel(res: Results) -> str:
     if int(rows.precondition.sum()) < 3:
         return ""
     s = (rows_of(sens["pairs"]), sens["primary"], sens["rate"]) if sens and sens.get("pairs") else None
+    frozen = [p for p in ((r.get("stopped") or {}).get("frozen") or {}).get("pairs", [])]
+    history = (f" The recipe's frozen rate had destroyed {sum(not p['precondition'] for p in frozen)} of the first "
+               f"{len(frozen)} models (they did not learn the image task or lost knowledge), so this design, which "
+               "chooses each model's rate by those preconditions, was written after those pairs had been seen."
+               if frozen and not all(p["precondition"] for p in frozen) else "")
     return f"On {len(rows)} real models (chapter 11): " + short_summary(
-        rows, r["primary"], r["rates"], interim=r.get("interim", False), sensitivity=s, minus="−")
+        rows, r["primary"], r["rates"], interim=r.get("interim", False), sensitivity=s, minus="−") + history
 
 
 def text_only(res: Results) -> str:
@@ -71,7 +76,7 @@ def text_only(res: Results) -> str:
     es = {m: pooled(doc, m, "text_only", "base", strict_metrics())[0] for m in _models(doc)}
     parts = [f"{m} {est(e)}" for m, e in es.items()]
     lost = all(e.hi < 0 for e in es.values())
-    return (f"Ordinary text-only fine-tuning to the same end {'did' if lost else 'did not clearly'} cost format: "
+    return (f"In chapter 4, ordinary text-only fine-tuning to the same end {'did' if lost else 'did not clearly'} cost format: "
             f"{' and '.join(parts)} points ({_side(list(es.values()))})." +
             (" The paper's control has text-only training lose nothing, so here the loss is not specific to "
              "vision-language training." if lost else ""))
@@ -234,11 +239,15 @@ FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_
 
 
 def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
-    v = {e.claim.id: e.row.verdict for e in evaluated}
+    v = {e.claim.id: e.row.verdict + (" (on an interim look)" if e.row.reason.startswith(INTERIM) else "")
+         for e in evaluated}
     named = (("5a", "VL adaptation erodes format but not knowledge"), ("6a", "text-only training is harmless"),
              ("6c", "S falls under VL"), ("7a", "S predicts the loss across pairs"))
     parts = [f"{what} (row {i}): **{v[i]}**" for i, what in named if i in v]
-    return "What this means for the paper, claim by claim: " + "; ".join(parts) + "."
+    interim = sum(e.row.reason.startswith(INTERIM) for e in evaluated)
+    return ("What this means for the paper, claim by claim: " + "; ".join(parts) + "."
+            + (f" {interim} row(s) rest on an interim look, whose verdict the confirmatory look may change." if interim
+               else ""))
 
 
 def _untested(evaluated: list[Evaluated]) -> str:
