@@ -551,6 +551,7 @@ def test_the_orderings_of_s_within_chapter_2s_noise_bound_the_test():
     assert "over the 6 orderings of S they allow, rho ranges from -1.00 to -0.20" in text
     assert "inconclusive in 5, contradicted in 1" in text and "c and d (17 of 25 draws)" in text
     assert ch11.ordering_sentence(rows.iloc[:2], margins).startswith("not computed")
+    assert ch11.ordering_sentence(rows, margins, name_flips=False).startswith("over the 6 orderings")
 
 
 def test_the_calibration_models_change_here_is_set_beside_chapter_10s():

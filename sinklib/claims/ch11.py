@@ -357,10 +357,10 @@ def s_orderings(S: Mapping[str, float], margins: list[Mapping[str, Any]]) -> lis
             if all(o.index(a) < o.index(b) for a, b in fixed)]
 
 
-def ordering_sentence(rows: pd.DataFrame, margins: list[Mapping[str, Any]]) -> str:
+def ordering_sentence(rows: pd.DataFrame, margins: list[Mapping[str, Any]], *, name_flips: bool = True) -> str:
     """How the primary test on `rows` (the pairs that pass) would come out over every ordering of S within chapter
-    2's noise (`s_orderings`): which pairs may swap, the range of rho and the outcomes. A description: the verdict
-    rule reads S as measured."""
+    2's noise (`s_orderings`): which pairs may swap (unless not `name_flips`), the range of rho and the outcomes. A
+    description: the verdict rule reads S as measured."""
     from collections import Counter
 
     from sinklib.adapt.primary import primary_verdict
@@ -376,9 +376,10 @@ def ordering_sentence(rows: pd.DataFrame, margins: list[Mapping[str, Any]]) -> s
     rhos = [t["rho"] for t in tests]
     outcomes = Counter(primary_verdict(t).outcome for t in tests)
     said = ", ".join(f"{k} in {n}" for k, n in outcomes.most_common())
-    return (f"the pairs whose S ordering flips across chapter 2's prompt draws: {'; '.join(flips) or 'none'}; over the "
-            f"{len(tests)} orderings of S they allow, rho ranges from {min(rhos):+.2f} to {max(rhos):+.2f} and the "
-            f"outcome would be {said}")
+    head = f"the pairs whose S ordering flips across chapter 2's prompt draws: {'; '.join(flips) or 'none'}; " \
+        if name_flips else ""
+    return (f"{head}over the {len(tests)} orderings of S they allow, rho ranges from {min(rhos):+.2f} to "
+            f"{max(rhos):+.2f} and the outcome would be {said}")
 
 
 def calibration_sentence(doc10: Mapping[str, Any], rows: pd.DataFrame, recipe: Mapping[str, Any]) -> str:
