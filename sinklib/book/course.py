@@ -25,7 +25,8 @@ from sinklib.errors import ParameterError, ResultsMissing
 SESSIONS: dict[str, list[str]] = {
     "Session 1: what a sink is and how to measure it": ["01", "02", "03"],
     "Session 2: adaptation, the panel and the repairs": ["04", "05", "06"],
-    "Session 3 (optional): a controlled panel, and switching the sink off": ["07", "08", "09", "10"],
+    "Session 3 (optional): a controlled panel, switching the sink off, and the real-model panel": ["07", "08", "09", "10",
+                                                                                                   "11"],
 }
 SESSION_MINUTES = 90
 RESULTS_NAME = "course_times"
