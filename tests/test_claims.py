@@ -360,8 +360,10 @@ def test_row_7a_on_chapter_11_names_its_design_and_the_stopped_ones(monkeypatch)
     sens = {"primary": {"n": 3, "rho": 0.5, "p": 0.5, "p_reverse": 0.67, "p_min": 1 / 6, "models": []}}
     _fake(monkeypatch, {C5: ch5(), C11: ch11(0.4, p=0.33, p_reverse=0.75, interim=True, sensitivity=sens)})
     ours = claims.evaluate(BY_ID["7a"]).row.ours
-    assert ours[0].endswith("written after three pairs were seen; an interim look at the first training seed only)")
-    assert ours[2] == "sensitivity analysis, every model at one rate: inconclusive"
+    assert ours[0].endswith("written after three pairs were seen; an interim look at the first training seed only; "
+                            "the change is the strict pass rate of chapter 11's instruction suite)")
+    assert ours[2] == "sensitivity analysis, every model at one rate: ρ = +0.50, one-sided exact p = 0.500, inconclusive"
+    assert claims.evaluate(BY_ID["7a"]).row.reason.startswith("interim look (the first training seed, no controls")
 
 
 def test_every_computed_claim_has_three_cases():

@@ -100,10 +100,11 @@ def _four_panel(r: dict) -> Row:
                         for k, d in (r.get("stopped") or {}).items())
     sens = r.get("sensitivity")
     st = sens["primary"] if sens else None
-    n = next((x["n"] for b in r["base"].values() for x in b["scores"] if (x["suite"], x["metric"]) ==
-              ("instructions", "strict")), "?")
+    n = next((x["n"] for b in (r.get("base") or {}).values() for x in b["scores"] if (x["suite"], x["metric"]) ==
+              ("instructions", "strict")), None)
+    suite = f"{n}-item instruction suite" if n else "instruction suite"
     ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look}; the change is the strict pass rate of chapter 11's "
-             f"{n}-item instruction suite)",) + ((f"stopped designs: {stopped}",) if stopped else ())
+             f"{suite})",) + ((f"stopped designs: {stopped}",) if stopped else ())
             + ((f"sensitivity analysis, every model at one rate: ρ = {num(st['rho'], 2)}, one-sided exact p = "
                 f"{st['p']:.3f}, {primary_verdict(st).outcome}",) if sens else ()))
     why = (f"{INTERIM} (the first training seed, no controls; the confirmatory look may change the verdict): "
