@@ -397,3 +397,42 @@ def calibration_sentence(doc10: Mapping[str, Any], rows: pd.DataFrame, recipe: M
             f"{interval(p[PRIMARY], p[PRIMARY + ' lo'], p[PRIMARY + ' hi'])} points in chapter 10 (VQA {p['VQA']:.1f} %) "
             f"and by {interval(e.v, e.lo, e.hi)} here (VQA {here.iloc[0].VQA:.1f} %): the training questions differ "
             "(here in the field phrasing of section 11.2), so the frozen dose is not the same dose here")
+
+
+def design_texts(recipe: Mapping[str, Any], S2: Mapping[str, float], models: list[str], stage1_steps: int,
+                 batch_size: int) -> dict[str, str]:
+    """The numbers section 11.1 quotes, as {glue name: text}: the recipe, chapter 2's S, what three and four pairs
+    can show (a perfect ordering, one neighbouring swap), the rate grid and the common rate."""
+    from sinklib.adapt.ratechoice import common_rate, rate_grid
+
+    r4, r3 = dict(enumerate(range(4))), dict(enumerate(range(3)))
+    return {"p11_recipe": f"LoRA rank {recipe['lora_rank']} (alpha {recipe['lora_alpha']:g}, on "
+                          f"{', '.join(recipe['lora_targets'])}) at stage-2 rate {rate_text(recipe['lr_lm'])} for "
+                          f"{recipe['stage2_steps']} steps after {stage1_steps} projector steps, batch {batch_size}"
+                          + (f", frozen by chapter 10 on {recipe['calibrated_on']}" if recipe["calibrated_on"] else ""),
+            "p11_pmin": f"{primary_test(r4, r4)['p']:.3f}",
+            "p11_pswap": f"{primary_test(r4, {0: 0, 1: 2, 2: 1, 3: 3})['p']:.3f}",
+            "p11_S_ch2": ", ".join(f"{m} {S2[m]:+.3f}" for m in models if m in S2),
+            "p11_pmin3": f"{primary_test(r3, r3)['p']:.3f}",
+            "p11_grid": ", ".join(rate_text(r) for r in rate_grid(recipe)),
+            "p11_common_rate": rate_text(common_rate(recipe))}
+
+
+def stopped_texts(rows_stopped: Mapping[str, pd.DataFrame], recipe: Mapping[str, Any]) -> dict[str, str]:
+    """What section 11.4 and the design box say of the two stopped designs, as {glue name: text}: each one's
+    primary test and the pairs it left out ('not run in this profile' where it was not rerun), Gemma-3's amended
+    rate, and the knowledge the frozen rate cost Qwen2.5-Coder-0.5B and Gemma-3."""
+    from sinklib.adapt.fourpanel import model_rate
+    from sinklib.adapt.primary import primary_sentence
+
+    out = {"p11_gemma_rate": rate_text(model_rate("gemma3-270m", recipe, "recipe-scaled"))}
+    for rule, tag in (("frozen", "pre"), ("recipe-scaled", "am1")):
+        r = rows_stopped.get(rule)  # absent in a profile that does not rerun this book's stopped designs (colab)
+        out[f"p11_primary_{tag}"] = "not run in this profile" if r is None else primary_sentence(primary_of(r),
+                                                                                                 bounds=False)
+        out[f"p11_left_out_{tag}"] = "none" if r is None else left_out_sentence(r)
+    q = rows_stopped["frozen"].set_index("model") if "frozen" in rows_stopped else pd.DataFrame()
+    for tag, m in (("qwen", "qwen2.5-coder-0.5b"), ("gemma", "gemma3-270m")):
+        out[f"p11_{tag}_knowledge"] = (f"{-q.loc[m, 'VL: knowledge acc'].v:.1f}" if m in q.index else
+                                       "many (this book's run; not rerun in this profile)")
+    return out
