@@ -68,7 +68,8 @@ def four_panel(res: Results) -> str:
                "chooses each model's rate by those preconditions, was written after those pairs had been seen."
                if frozen and not all(p["precondition"] for p in frozen) else "")
     return f"On {len(rows)} real models (chapter 11): " + short_summary(
-        rows, r["primary"], r["rates"], interim=r.get("interim", False), sensitivity=s, minus="−") + history
+        rows, r["primary"], r["rates"], interim=r.get("interim", False), sensitivity=s, minus="−",
+        by_type={m: Est(*e) for m, e in (r.get("by_type") or {}).items()}) + history
 
 
 def text_only(res: Results) -> str:
