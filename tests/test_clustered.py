@@ -43,7 +43,32 @@ def test_a_label_count_that_does_not_match_the_items_is_a_clear_error():
     with pytest.raises(ParameterError, match="one label per item"):
         clustered.change(_outs([1, 0, 1]), _outs([1, 1, 1]), ["a", "b"])
     with pytest.raises(ParameterError, match="at least 2 groups"):
-        clustered.change(_outs([1, 0, 1]), _outs([1, 1, 1]), ["a", "a", "a"])
+        clustered.cluster_index(1)
+
+
+def test_one_type_has_no_interval_and_says_so():
+    pt, draws = clustered.change(_outs([1, 0, 1]), _outs([1, 1, 1]), ["a", "a", "a"])
+    e = paired.estimate(pt, draws)
+    assert pt == pytest.approx(100 / 3) and np.isnan(draws).all()
+    assert clustered.cell(e) == "+33.3 [no interval]"
+
+
+def test_the_calibration_sweep_reads_its_points_by_type():
+    from sinklib.adapt import calibrate
+
+    rng = np.random.default_rng(5)
+    labels = [i // 5 for i in range(50)]
+    base = _outs(np.ones(50, bool))
+    res = {"base": {"outcomes": base},
+           "points": [{"lr_lm": 5e-5, "steps": 60, "eval": {"outcomes": _outs(rng.random(50) < 0.95)}},
+                      {"lr_lm": 5e-4, "steps": 60, "eval": {"outcomes": _outs(np.arange(50) >= 25)}}]}
+    t = calibrate.by_type(res, labels)
+    assert list(t.steps) == [60, 60] and list(t.lr_lm) == [5e-5, 5e-4]
+    assert t["change, items resampled"][1].v == pytest.approx(-50.0)
+    text = calibrate.by_type_sentence(t, "m, full", {"lr_lm": 5e-4, "stage2_steps": 60})
+    assert text.startswith("m, full: ") and "the frozen point (rate 5e-4 for 60 steps) -50.0 [" in text
+    assert "by type (design effect" in text
+    assert calibrate.by_type_display(t, "m").frame.shape == (2, 3)
 
 
 def test_instruction_types_label_the_suite_in_the_runners_item_order():

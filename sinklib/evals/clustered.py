@@ -57,7 +57,8 @@ def cluster_index(n_groups: int, *, n_boot: int = paired.N_BOOT, seed: int = 0) 
 def change(base: Mapping[str, Any], other: Mapping[str, Any], labels: Sequence[Any], metric: str = METRIC, *,
            n_boot: int = paired.N_BOOT, seed: int = 0) -> tuple[float, np.ndarray]:
     """The paired change other - base of a pass/fail metric in points, as (point value, [n_boot] draws), the draws
-    resampling the groups of `labels` (one label per item) instead of the items."""
+    resampling the groups of `labels` (one label per item) instead of the items; NaN draws when all items
+    belong to one group."""
     b, o = paired.unpack(base).get(metric), paired.unpack(other).get(metric)
     if b is None or o is None:
         raise ParameterError(f"no per-item outcomes for {metric!r} in both evaluations")
@@ -68,8 +69,15 @@ def change(base: Mapping[str, Any], other: Mapping[str, Any], labels: Sequence[A
     k = int(g.max()) + 1
     d = np.bincount(g, np.asarray(o, float) - np.asarray(b, float), k)
     n = np.bincount(g, minlength=k).astype(float)
+    if k < 2:  # one type (a few items of a quick run): no spread between types to resample
+        return 100 * float(d.sum() / n.sum()), np.full(int(n_boot), np.nan)
     idx = cluster_index(k, n_boot=n_boot, seed=seed)
     return 100 * float(d.sum() / n.sum()), 100 * d[idx].sum(1) / n[idx].sum(1)
+
+
+def cell(e: Est) -> str:
+    """A change as a table or sentence shows it, 'v [lo, hi]'; 'v [no interval]' when it has none (one type)."""
+    return interval(*e) if e.lo == e.lo else f"{interval(e.v, e.v, e.v).split(' ')[0]} [no interval]"
 
 
 def pooled_change(doc: Mapping[str, Any], model: str, cond: str, ref: str, labels: Sequence[Any],
@@ -89,6 +97,27 @@ def _width(e: Est) -> float:
     return e.hi - e.lo
 
 
+def design_effect(item: Est, typed: Est) -> float:
+    """The squared ratio of the type-level to the item-level interval's width (NaN when the item-level one has none)."""
+    return (_width(typed) / _width(item)) ** 2 if _width(item) > 0 else float("nan")
+
+
+def points_table(base: Mapping[str, Any], others: Mapping[Any, Mapping[str, Any]], labels: Sequence[Any],
+                 metric: str = METRIC):
+    """One row per evaluation in `others` ({name: per-item outcomes}, each on the items of `base`): its change
+    from `base` with the items resampled (`sinklib.evals.paired`) and with the groups of `labels` resampled, and
+    the design effect. For a chapter that keeps its evaluations rather than chapter 4's results layout."""
+    import pandas as pd
+
+    rows = []
+    for name, out in others.items():
+        item = paired.estimate(*paired.change(base, out, metric))
+        typed = paired.estimate(*change(base, out, labels, metric))
+        rows.append({"point": name, "change, items resampled": item, "change, types resampled": typed,
+                     "design effect": design_effect(item, typed)})
+    return pd.DataFrame(rows)
+
+
 def table(doc: Mapping[str, Any], models: Sequence[str], labels: Sequence[Any], *, cond: str = "vl",
           ref: str = "base", metric: str = METRIC, power: float = 0.8, flip: float = 0.05):
     """One row per model with outcomes of both conditions: the change cond - ref of `metric` pooled over seeds,
@@ -106,7 +135,7 @@ def table(doc: Mapping[str, Any], models: Sequence[str], labels: Sequence[Any], 
         if typed is None or outcomes_of(doc, m, ref) is None:
             continue
         item = pooled(doc, m, cond, ref, [metric])[0]
-        deff = (_width(typed[0]) / _width(item)) ** 2 if _width(item) > 0 else float("nan")
+        deff = design_effect(item, typed[0])
         n, p = len(labels), paired.score(outcomes_of(doc, m, ref), metric) / 100
         n_eff = int(round(n / max(deff, 1.0))) if deff == deff else n
         rows.append({"model": m, "seeds": typed[1], "items": n, "types": int(groups(labels).max()) + 1,
@@ -133,8 +162,8 @@ def sentence(rows, names: Mapping[str, str] | None = None) -> str:
         return "no model has outcomes of both conditions"
     names = names or {}
     r0 = rows.iloc[0]
-    per = "; ".join(f"{names.get(r.model, r.model)} {interval(*r['change, items resampled'])} by item, "
-                    f"{interval(*r['change, types resampled'])} by type (design effect {r['design effect']:.1f})"
+    per = "; ".join(f"{names.get(r.model, r.model)} {cell(r['change, items resampled'])} by item, "
+                    f"{cell(r['change, types resampled'])} by type (design effect {r['design effect']:.1f})"
                     for _, r in rows.iterrows())
     by_item = [r.model for _, r in rows.iterrows() if _outside(r["change, items resampled"])]
     kept = [names.get(m, m) for m in by_item if _outside(rows.set_index("model").loc[m, "change, types resampled"])]
@@ -161,8 +190,8 @@ def display(rows, title: str):
 
     shown = pd.DataFrame({
         "model": rows.model, "training seeds": rows.seeds,
-        "change, items resampled": [interval(*e) for e in rows["change, items resampled"]],
-        "change, instruction types resampled": [interval(*e) for e in rows["change, types resampled"]],
+        "change, items resampled": [cell(e) for e in rows["change, items resampled"]],
+        "change, instruction types resampled": [cell(e) for e in rows["change, types resampled"]],
         "design effect": [f"{d:.1f}" for d in rows["design effect"]],
         "effective items": [f"{n} of {k}" for n, k in zip(rows["effective items"], rows["items"])],
         "smallest detectable fall (80 % power), items": [f"{v:.1f}" for v in rows["smallest detectable fall, items"]],
