@@ -332,8 +332,15 @@ def by_type_sentence(t: pd.DataFrame, what: str, frozen: Mapping[str, Any] | Non
     text = (f"{what}: {len(out)} of {len(t)} points lose strict instruction format beyond the item-level noise, and "
             f"{len(kept)} of them beyond the noise with the instruction types resampled"
             + (f" ({'; '.join(name(r) for _, r in kept.iterrows())})" if len(kept) else ""))
+    at = frozen_by_type(t, frozen)
+    return text + (f"; {at}" if at else "")
+
+
+def frozen_by_type(t: pd.DataFrame, frozen: Mapping[str, Any] | None) -> str:
+    """The frozen point's row of `by_type` in words ('' when no recipe was frozen)."""
+    from sinklib.evals.clustered import cell
+
     at = t[(t.lr_lm == frozen["lr_lm"]) & (t.steps == frozen["stage2_steps"])] if frozen else t.iloc[0:0]
-    for _, r in at.iterrows():
-        text += (f"; the frozen point ({name(r)}) {cell(r['change, items resampled'])} by item, "
-                 f"{cell(r['change, types resampled'])} by type (design effect {r['design effect']:.1f})")
-    return text
+    return "; ".join(f"the frozen point (rate {rate(r.lr_lm)} for {int(r.steps)} steps) "
+                     f"{cell(r['change, items resampled'])} by item, {cell(r['change, types resampled'])} by type "
+                     f"(design effect {r['design effect']:.1f})" for _, r in at.iterrows())
