@@ -79,6 +79,9 @@ def test_instruction_types_label_the_suite_in_the_runners_item_order():
     assert len(labels) == 360 and len(set(labels)) == 30
     assert [tuple(r["instruction_id_list"]) for r in rows] == labels
     assert len(clustered.instruction_types(72)) == 72
+    sizes = np.bincount(clustered.groups(labels))
+    assert clustered.composition(labels) == f"360 items in 30 instruction types of {sizes.min()} to {sizes.max()} items"
+    assert clustered.composition(["a", "a", "b", "b"]) == "4 items in 2 instruction types of 2 items"
 
 
 def _doc(seeds):

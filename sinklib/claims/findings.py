@@ -218,7 +218,7 @@ def powered_dose(res: Results) -> str:
         typed = next((Est(*p["types"]) for p in (r.get("by_type") or {}).get("full", {}).get(m, [])
                       if p["lr_lm"] == rec["lr_lm"] and p["steps"] == rec["stage2_steps"]), None)
         firm = firm and (typed is None or typed.hi < 0)
-        by_type = "" if typed is None else f" ({est(typed)} with the suite's 30 instruction types resampled)"
+        by_type = "" if typed is None else f" ({est(typed)} with the suite's instruction types resampled)"
         n10 = next(p["items"] for p in r["power"] if p["suite"] == f"{m}: instructions strict")
         small10 = _power(doc, f"{m}: instructions strict")
         ch4 = ""

@@ -40,6 +40,13 @@ def instruction_types(n_items: int | None = None, seed: int = 0) -> list[tuple[s
     return [tuple(r["instruction_id_list"]) for r in items.sample(items.load_instruction_suite(n_items), n_items, seed)]
 
 
+def composition(labels: Sequence[Any]) -> str:
+    """How the items fall into groups, as the text says it: '360 items in 30 instruction types of 9 to 17 items'."""
+    sizes = np.bincount(groups(labels))
+    return (f"{len(labels)} items in {sizes.size} instruction types of {sizes.min()} to {sizes.max()} items"
+            if sizes.min() != sizes.max() else f"{len(labels)} items in {sizes.size} instruction types of {sizes.min()} items")
+
+
 def groups(labels: Sequence[Any]) -> np.ndarray:
     """Integer codes 0..K-1 of `labels` (K distinct labels, numbered in the order they first occur)."""
     codes: dict = {}
