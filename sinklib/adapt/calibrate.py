@@ -150,8 +150,9 @@ def rate(x: float) -> str:
 
 
 def _num(v: float, d: int) -> str:
-    s = f"{v:+.{d}f}"
-    return f"{0:.{d}f}" if float(s) == 0 else s  # no signed zeros
+    from sinklib.core.numbers import signed
+
+    return signed(v, d)  # no signed zeros
 
 
 def _cell(r: Mapping[str, Any], metric: str) -> str:
@@ -290,3 +291,56 @@ def _params():
 
 #: the notebook's parameters and their checks (`params.validate`)
 CALIBRATION_PARAMS = _params()
+
+
+def by_type(res: Mapping[str, Any], labels: Sequence[Any]) -> pd.DataFrame:
+    """Every point's strict-instruction change from the base model (`run`'s result) with the items resampled and
+    with the instruction types resampled (`labels`: `sinklib.evals.clustered.instruction_types` of the suite run),
+    and the design effect. A check added after the sweep had run: `RULE` reads the item-level interval."""
+    from sinklib.evals import clustered
+
+    t = clustered.points_table(res["base"]["outcomes"], {(p["lr_lm"], p["steps"]): p["eval"]["outcomes"]
+                                                         for p in res["points"]}, labels, PRIMARY)
+    t.insert(0, "lr_lm", [k[0] for k in t.point])
+    t.insert(1, "steps", [int(k[1]) for k in t.point])
+    return t.drop(columns="point")
+
+
+def by_type_display(t: pd.DataFrame, what: str):
+    """`by_type` as a table: one row per point, each change 'v [lo, hi]' in points."""
+    from sinklib.evals.clustered import cell
+    from sinklib.plots import Table
+
+    frame = pd.DataFrame({"stage-2 rate": [rate(x) for x in t.lr_lm], "stage-2 steps": t.steps,
+                          "items resampled": [cell(e) for e in t["change, items resampled"]],
+                          "instruction types resampled": [cell(e) for e in t["change, types resampled"]],
+                          "design effect": [f"{d:.1f}" for d in t["design effect"]]})
+    return Table(frame.set_index(["stage-2 rate", "stage-2 steps"]),
+                 f"{what}: the paired change of the strict instruction pass rate from the base model (points, 95 % "
+                 "intervals), resampling the items one by one (the rule's interval) or the suite's instruction "
+                 "types; the design effect is the squared ratio of the two widths.")
+
+
+def by_type_sentence(t: pd.DataFrame, what: str, frozen: Mapping[str, Any] | None = None) -> str:
+    """`by_type` in words: how many points whose loss lies outside the item-level noise keep it outside the
+    type-level one, naming them, and the frozen point's two intervals (`frozen`: `choose`'s recipe)."""
+    from sinklib.evals.clustered import cell
+
+    out = t[[e.hi < 0 for e in t["change, items resampled"]]]
+    kept = out[[e.hi < 0 for e in out["change, types resampled"]]]
+    name = lambda r: f"rate {rate(r.lr_lm)} for {int(r.steps)} steps"  # noqa: E731
+    text = (f"{what}: {len(out)} of {len(t)} points lose strict instruction format beyond the item-level noise, and "
+            f"{len(kept)} of them beyond the noise with the instruction types resampled"
+            + (f" ({'; '.join(name(r) for _, r in kept.iterrows())})" if len(kept) else ""))
+    at = frozen_by_type(t, frozen)
+    return text + (f"; {at}" if at else "")
+
+
+def frozen_by_type(t: pd.DataFrame, frozen: Mapping[str, Any] | None) -> str:
+    """The frozen point's row of `by_type` in words ('' when no recipe was frozen)."""
+    from sinklib.evals.clustered import cell
+
+    at = t[(t.lr_lm == frozen["lr_lm"]) & (t.steps == frozen["stage2_steps"])] if frozen else t.iloc[0:0]
+    return "; ".join(f"the frozen point (rate {rate(r.lr_lm)} for {int(r.steps)} steps) "
+                     f"{cell(r['change, items resampled'])} by item, {cell(r['change, types resampled'])} by type "
+                     f"(design effect {r['design effect']:.1f})" for _, r in at.iterrows())

@@ -158,14 +158,15 @@ _ANSWER = {"reproduced": "Yes: the higher a base model's S, the less strict inst
 def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None, *,
              interim: bool = False, second_rate: float | None = None,
              sensitivity: tuple[pd.DataFrame, Mapping[str, Any]] | None = None,
-             frozen: pd.DataFrame | None = None) -> str:
+             frozen: pd.DataFrame | None = None, by_type: str | None = None) -> str:
     """What the panel found, in words with its numbers, for the end of the chapter: the answer to the chapter's
     question, the primary test's outcome by the book's rule (`fourpanel.primary_verdict`, labelled an interim look
     when `interim`), each pair in order of base S (its rate where the design chose one, its VL change of strict
     instructions, its knowledge change, in or out of the test), the outcome of predictions 2, 3 and 6 of section
     11.1 (6's rates against `second_rate`), prediction 1 at the frozen rate (`frozen`: the pre-registered design's
     rows) and at the chosen ones, whether the controls (predictions 4 and 5) have run, and the sensitivity analysis
-    (`sensitivity`: its pair rows and primary test) with prediction 7. Markdown, one bullet per finding."""
+    (`sensitivity`: its pair rows and primary test) with prediction 7, and the intervals with the instruction
+    types resampled (`by_type`: `sinklib.evals.clustered.sentence`). Markdown, one bullet per finding."""
     from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
 
     v = primary_verdict(primary)
@@ -194,6 +195,9 @@ def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str,
     out += _prediction1_line(frozen, rows) + _controls_line(rows)
     if sensitivity is not None:
         out.append(_sensitivity_line(*sensitivity))
+    if by_type:
+        out.append(f"- **Items or instruction types** (a check added after the interim look; it changes no verdict): "
+                   f"{by_type}.")
     return "\n".join(out)
 
 
@@ -288,11 +292,13 @@ _ORDER = {"reproduced": "Base S ordered the losses as the paper predicts",
 
 def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None], *,
                   interim: bool = False, sensitivity: tuple[pd.DataFrame, Mapping[str, Any], float] | None = None,
-                  minus: str = "-") -> str:
+                  by_type: Mapping[str, Any] | None = None, minus: str = "-") -> str:
     """The panel in a few sentences, for the top of the chapter and the landing page: how many tested pairs lost
     strict instructions beyond the paired noise (with their changes and rates), the primary test, the highest-S
     model at the sensitivity analysis's common rate (`sensitivity`: its rows, primary test and rate) when the main
-    design trained it at another, and whether this is the interim look. `minus`: the claims pages' '−'."""
+    design trained it at another, how many of the losses stay outside the noise when the instruction types are
+    resampled instead of the items (`by_type`: {model: Est}, `sinklib.evals.clustered`), and whether this is the
+    interim look. `minus`: the claims pages' '−'."""
     from sinklib.adapt.primary import primary_verdict
     from sinklib.core.numbers import signed
 
@@ -310,6 +316,13 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
            f"{_ORDER[v.outcome]}: " + (f"Spearman ρ {signed(primary['rho'], 2, minus)} over {primary['n']} pairs, "
                                         f"one-sided exact p {primary['p']:.3f} ({v.outcome})." if primary["n"] >= 3
                                         else f"{v.why}.")]
+    typed = [(m, by_type[m]) for m, _ in lost if m in (by_type or {})]
+    if typed:
+        kept = sum(e.hi < 0 for _, e in typed)
+        said = (f"this loss {'stays' if kept else 'does not stay'}" if len(typed) == 1 else
+                f"{kept} of these {len(typed)} losses {'stays' if kept == 1 else 'stay'}")
+        out.insert(1, f"Resampling the suite's instruction types instead of its items (items of one type pass or "
+                      f"fail together), {said} outside the noise (" + "; ".join(f"{m} {iv(e)}" for m, e in typed) + ").")
     if sensitivity is not None and len(tested):
         s_rows, s_primary, common = sensitivity
         top = tested.sort_values("S").iloc[-1]
@@ -397,3 +410,42 @@ def calibration_sentence(doc10: Mapping[str, Any], rows: pd.DataFrame, recipe: M
             f"{interval(p[PRIMARY], p[PRIMARY + ' lo'], p[PRIMARY + ' hi'])} points in chapter 10 (VQA {p['VQA']:.1f} %) "
             f"and by {interval(e.v, e.lo, e.hi)} here (VQA {here.iloc[0].VQA:.1f} %): the training questions differ "
             "(here in the field phrasing of section 11.2), so the frozen dose is not the same dose here")
+
+
+def design_texts(recipe: Mapping[str, Any], S2: Mapping[str, float], models: list[str], stage1_steps: int,
+                 batch_size: int) -> dict[str, str]:
+    """The numbers section 11.1 quotes, as {glue name: text}: the recipe, chapter 2's S, what three and four pairs
+    can show (a perfect ordering, one neighbouring swap), the rate grid and the common rate."""
+    from sinklib.adapt.ratechoice import common_rate, rate_grid
+
+    r4, r3 = dict(enumerate(range(4))), dict(enumerate(range(3)))
+    return {"p11_recipe": f"LoRA rank {recipe['lora_rank']} (alpha {recipe['lora_alpha']:g}, on "
+                          f"{', '.join(recipe['lora_targets'])}) at stage-2 rate {rate_text(recipe['lr_lm'])} for "
+                          f"{recipe['stage2_steps']} steps after {stage1_steps} projector steps, batch {batch_size}"
+                          + (f", frozen by chapter 10 on {recipe['calibrated_on']}" if recipe["calibrated_on"] else ""),
+            "p11_pmin": f"{primary_test(r4, r4)['p']:.3f}",
+            "p11_pswap": f"{primary_test(r4, {0: 0, 1: 2, 2: 1, 3: 3})['p']:.3f}",
+            "p11_S_ch2": ", ".join(f"{m} {S2[m]:+.3f}" for m in models if m in S2),
+            "p11_pmin3": f"{primary_test(r3, r3)['p']:.3f}",
+            "p11_grid": ", ".join(rate_text(r) for r in rate_grid(recipe)),
+            "p11_common_rate": rate_text(common_rate(recipe))}
+
+
+def stopped_texts(rows_stopped: Mapping[str, pd.DataFrame], recipe: Mapping[str, Any]) -> dict[str, str]:
+    """What section 11.4 and the design box say of the two stopped designs, as {glue name: text}: each one's
+    primary test and the pairs it left out ('not run in this profile' where it was not rerun), Gemma-3's amended
+    rate, and the knowledge the frozen rate cost Qwen2.5-Coder-0.5B and Gemma-3."""
+    from sinklib.adapt.fourpanel import model_rate
+    from sinklib.adapt.primary import primary_sentence
+
+    out = {"p11_gemma_rate": rate_text(model_rate("gemma3-270m", recipe, "recipe-scaled"))}
+    for rule, tag in (("frozen", "pre"), ("recipe-scaled", "am1")):
+        r = rows_stopped.get(rule)  # absent in a profile that does not rerun this book's stopped designs (colab)
+        out[f"p11_primary_{tag}"] = "not run in this profile" if r is None else primary_sentence(primary_of(r),
+                                                                                                 bounds=False)
+        out[f"p11_left_out_{tag}"] = "none" if r is None else left_out_sentence(r)
+    q = rows_stopped["frozen"].set_index("model") if "frozen" in rows_stopped else pd.DataFrame()
+    for tag, m in (("qwen", "qwen2.5-coder-0.5b"), ("gemma", "gemma3-270m")):
+        out[f"p11_{tag}_knowledge"] = (f"{-q.loc[m, 'VL: knowledge acc'].v:.1f}" if m in q.index else
+                                       "many (this book's run; not rerun in this profile)")
+    return out

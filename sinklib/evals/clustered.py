@@ -1,0 +1,206 @@
+"""Intervals that resample instruction types instead of items: a check of the item-level paired bootstrap of
+`sinklib.evals.paired`, which treats every item of a suite as an independent draw.
+
+The 360-prompt instruction suite (`sinklib.evals.powered`) is built from 30 instruction types (one constraint,
+or a pair of constraints, each graded by the same lm-eval checker), 9 to 17 items each. Items of one type tend
+to pass or fail together (a model that cannot end with a fixed phrase fails most items that ask for one), so
+the items are not independent, and an interval that resamples them one by one is too narrow for the question
+"does the model follow format instructions less well?". Here the types are resampled with replacement instead
+(a cluster bootstrap; base and the other condition share the draws, so it stays paired) and the pass rate of
+each draw is its passed items over its items. The point value is the item-level one; only the interval and the
+power change. The ratio of the two bootstrap variances is the design effect: the factor by which clustering
+shrinks the effective number of items (n / design effect).
+
+    labels = instruction_types(360)                 # one label per item, in the suite's item order
+    rows = table(doc, models, labels)               # item-level and type-level intervals side by side
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sinklib.core.numbers import interval
+from sinklib.errors import ParameterError
+from sinklib.evals import paired
+from sinklib.evals.pooling import _pool as pool_seeds, outcomes_of, pooled, seed_conditions
+from sinklib.stats.verdicts import Est
+
+#: the metric this check is for: the primary test's
+METRIC = "instructions strict"
+
+
+def instruction_types(n_items: int | None = None, seed: int = 0) -> list[tuple[str, ...]]:
+    """The instruction ids of each item that `run_suite(..., 'instructions', n_items, seed=seed)` evaluates, in
+    its item order (the same load and sample as the runner): the cluster labels of `change`."""
+    from sinklib.evals import items
+
+    return [tuple(r["instruction_id_list"]) for r in items.sample(items.load_instruction_suite(n_items), n_items, seed)]
+
+
+def composition(labels: Sequence[Any]) -> str:
+    """How the items fall into groups, as the text says it: '360 items in 30 instruction types of 9 to 17 items'."""
+    sizes = np.bincount(groups(labels))
+    return (f"{len(labels)} items in {sizes.size} instruction types of {sizes.min()} to {sizes.max()} items"
+            if sizes.min() != sizes.max() else f"{len(labels)} items in {sizes.size} instruction types of {sizes.min()} items")
+
+
+def groups(labels: Sequence[Any]) -> np.ndarray:
+    """Integer codes 0..K-1 of `labels` (K distinct labels, numbered in the order they first occur)."""
+    codes: dict = {}
+    return np.asarray([codes.setdefault(lab, len(codes)) for lab in labels], int)
+
+
+def cluster_index(n_groups: int, *, n_boot: int = paired.N_BOOT, seed: int = 0) -> np.ndarray:
+    """[n_boot, n_groups] group indices drawn with replacement; the same for every call with these arguments."""
+    if n_groups < 2:
+        raise ParameterError(f"a cluster bootstrap needs at least 2 groups; got {n_groups}")
+    s = int.from_bytes(hashlib.sha256(f"{seed}:clusters:{n_groups}".encode()).digest()[:8], "little")
+    return np.random.default_rng(s).integers(0, n_groups, size=(int(n_boot), int(n_groups)))
+
+
+def change(base: Mapping[str, Any], other: Mapping[str, Any], labels: Sequence[Any], metric: str = METRIC, *,
+           n_boot: int = paired.N_BOOT, seed: int = 0) -> tuple[float, np.ndarray]:
+    """The paired change other - base of a pass/fail metric in points, as (point value, [n_boot] draws), the draws
+    resampling the groups of `labels` (one label per item) instead of the items; NaN draws when all items
+    belong to one group."""
+    b, o = paired.unpack(base).get(metric), paired.unpack(other).get(metric)
+    if b is None or o is None:
+        raise ParameterError(f"no per-item outcomes for {metric!r} in both evaluations")
+    if not len(b) == len(o) == len(labels):
+        raise ParameterError(f"{metric}: {len(b)} and {len(o)} items in the two evaluations and {len(labels)} "
+                             "labels; give one label per item, in the suite's item order (`instruction_types`)")
+    g = groups(labels)
+    k = int(g.max()) + 1
+    d = np.bincount(g, np.asarray(o, float) - np.asarray(b, float), k)
+    n = np.bincount(g, minlength=k).astype(float)
+    if k < 2:  # one type (a few items of a quick run): no spread between types to resample
+        return 100 * float(d.sum() / n.sum()), np.full(int(n_boot), np.nan)
+    idx = cluster_index(k, n_boot=n_boot, seed=seed)
+    return 100 * float(d.sum() / n.sum()), 100 * d[idx].sum(1) / n[idx].sum(1)
+
+
+def cell(e: Est) -> str:
+    """A change as a table or sentence shows it, 'v [lo, hi]'; 'v [no interval]' when it has none (one type)."""
+    return interval(*e) if e.lo == e.lo else f"{interval(e.v, e.v, e.v).split(' ')[0]} [no interval]"
+
+
+def pooled_change(doc: Mapping[str, Any], model: str, cond: str, ref: str, labels: Sequence[Any],
+                  metric: str = METRIC) -> tuple[Est, int] | None:
+    """`sinklib.evals.pooling.pooled` with the groups resampled instead of the items: each training seed's change
+    paired on the shared groups (the same draws for every seed), the seeds resampled too. None without outcomes."""
+    conds = seed_conditions(doc, model, cond)
+    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
+    got = [change(outcomes_of(doc, model, r), outcomes_of(doc, model, c), labels, metric)
+           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
+    if not got:
+        return None
+    return pool_seeds(np.asarray([g[0] for g in got]), np.asarray([g[1] for g in got])), len(got)
+
+
+def _width(e: Est) -> float:
+    return e.hi - e.lo
+
+
+def design_effect(item: Est, typed: Est) -> float:
+    """The squared ratio of the type-level to the item-level interval's width (NaN when the item-level one has none)."""
+    return (_width(typed) / _width(item)) ** 2 if _width(item) > 0 else float("nan")
+
+
+def points_table(base: Mapping[str, Any], others: Mapping[Any, Mapping[str, Any]], labels: Sequence[Any],
+                 metric: str = METRIC):
+    """One row per evaluation in `others` ({name: per-item outcomes}, each on the items of `base`): its change
+    from `base` with the items resampled (`sinklib.evals.paired`) and with the groups of `labels` resampled, and
+    the design effect. For a chapter that keeps its evaluations rather than chapter 4's results layout."""
+    import pandas as pd
+
+    rows = []
+    for name, out in others.items():
+        item = paired.estimate(*paired.change(base, out, metric))
+        typed = paired.estimate(*change(base, out, labels, metric))
+        rows.append({"point": name, "change, items resampled": item, "change, types resampled": typed,
+                     "design effect": design_effect(item, typed)})
+    return pd.DataFrame(rows)
+
+
+def table(doc: Mapping[str, Any], models: Sequence[str], labels: Sequence[Any], *, cond: str = "vl",
+          ref: str = "base", metric: str = METRIC, power: float = 0.8, flip: float = 0.05):
+    """One row per model with outcomes of both conditions: the change cond - ref of `metric` pooled over seeds,
+    its interval resampling items and resampling instruction types, the design effect (the squared ratio of the
+    two interval widths, floored at 1 for the effective number of items) and the smallest fall detectable with
+    `power` (paired McNemar, background flip rate `flip`; `sinklib.evals.power`) at n items and at n / design
+    effect. `doc` is a chapter's results in chapter 4's layout (`results.outcomes[model][condition]`)."""
+    import pandas as pd
+
+    from sinklib.evals.power import min_detectable_drop
+
+    rows = []
+    for m in models:
+        typed = pooled_change(doc, m, cond, ref, labels, metric)
+        if typed is None or outcomes_of(doc, m, ref) is None:
+            continue
+        item = pooled(doc, m, cond, ref, [metric])[0]
+        deff = design_effect(item, typed[0])
+        n, p = len(labels), paired.score(outcomes_of(doc, m, ref), metric) / 100
+        n_eff = int(round(n / max(deff, 1.0))) if deff == deff else n
+        rows.append({"model": m, "seeds": typed[1], "items": n, "types": int(groups(labels).max()) + 1,
+                     "change, items resampled": item, "change, types resampled": typed[0],
+                     "design effect": deff, "effective items": n_eff,
+                     "smallest detectable fall, items": min_detectable_drop(n, p, power=power, flip=flip),
+                     "smallest detectable fall, types": min_detectable_drop(n_eff, p, power=power, flip=flip)})
+    return pd.DataFrame(rows)
+
+
+def _outside(e: Est) -> bool:
+    return e.hi < 0 or e.lo > 0
+
+
+def _span(values) -> str:
+    """'6.5' or '6.5-11.5' over the detected sizes; 'none' when no fall of any size is detected."""
+    lo, hi = (f"{v:.1f}" if v == v else "none" for v in (values.min(), values.max()))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def sentence(rows, names: Mapping[str, str] | None = None) -> str:
+    """`table`'s rows in words: how many changes were outside the noise each way, and the detectable falls."""
+    if not len(rows):
+        return "no model has outcomes of both conditions"
+    names = names or {}
+    r0 = rows.iloc[0]
+    per = "; ".join(f"{names.get(r.model, r.model)} {cell(r['change, items resampled'])} by item, "
+                    f"{cell(r['change, types resampled'])} by type (design effect {r['design effect']:.1f})"
+                    for _, r in rows.iterrows())
+    by_item = [r.model for _, r in rows.iterrows() if _outside(r["change, items resampled"])]
+    kept = [names.get(m, m) for m in by_item if _outside(rows.set_index("model").loc[m, "change, types resampled"])]
+    fall = (f"the smallest fall the suite detects with 80 % power grows from "
+            f"{_span(rows['smallest detectable fall, items'])} points (items taken as independent) to "
+            f"{_span(rows['smallest detectable fall, types'])} points (the effective number of items)")
+    lost = len(by_item) - len(kept)
+    meaning = (f". So {lost} of the changes that the item-level intervals put outside the noise "
+               f"{'is' if lost == 1 else 'are'} inside it once the types are resampled: "
+               f"{'a change' if lost == 1 else 'changes'} on these {r0['types']} instruction types, not yet "
+               "evidence about following format instructions in general"
+               if lost else ". Every change outside the item-level noise stays outside it" if by_item else "")
+    return (f"resampling the {r0['types']} instruction types instead of the {r0['items']} items: {per}. "
+            f"{len(by_item)} of {len(rows)} changes lie outside the item-level interval's noise, and "
+            f"{len(kept)} of them outside the type-level one{(' (' + ', '.join(kept) + ')') if kept else ''}; "
+            f"{fall}{meaning}")
+
+
+def display(rows, title: str):
+    """`table` as a page shows it: one column per model, each change 'v [lo, hi]' in points."""
+    import pandas as pd
+
+    from sinklib.plots import Table
+
+    shown = pd.DataFrame({
+        "model": rows.model, "training seeds": rows.seeds,
+        "change, items resampled": [cell(e) for e in rows["change, items resampled"]],
+        "change, instruction types resampled": [cell(e) for e in rows["change, types resampled"]],
+        "design effect": [f"{d:.1f}" for d in rows["design effect"]],
+        "effective items": [f"{n} of {k}" for n, k in zip(rows["effective items"], rows["items"])],
+        "smallest detectable fall (80 % power), items": [f"{v:.1f}" for v in rows["smallest detectable fall, items"]],
+        "the same, effective items": [f"{v:.1f}" for v in rows["smallest detectable fall, types"]]})
+    return Table(shown.set_index("model").T, title)

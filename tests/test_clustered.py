@@ -1,0 +1,125 @@
+"""The instruction-type (cluster) bootstrap of `sinklib.evals.clustered` against the item-level one."""
+import numpy as np
+import pytest
+
+from sinklib.errors import ParameterError
+from sinklib.evals import clustered, paired
+
+
+def _outs(strict):
+    return {"instructions strict": [bool(x) for x in strict]}
+
+
+def test_point_value_is_the_item_level_one_and_draws_are_deterministic():
+    rng = np.random.default_rng(1)
+    b, o = rng.random(120) < 0.5, rng.random(120) < 0.4
+    labels = [i // 12 for i in range(120)]
+    pt, draws = clustered.change(_outs(b), _outs(o), labels)
+    assert pt == pytest.approx(paired.change(_outs(b), _outs(o), "instructions strict")[0])
+    assert np.array_equal(draws, clustered.change(_outs(b), _outs(o), labels)[1])
+
+
+def test_one_item_per_group_matches_the_item_bootstrap_spread():
+    rng = np.random.default_rng(2)
+    b, o = rng.random(300) < 0.5, rng.random(300) < 0.45
+    _, item = paired.change(_outs(b), _outs(o), "instructions strict")
+    _, typed = clustered.change(_outs(b), _outs(o), list(range(300)))
+    assert 0.85 < typed.std() / item.std() < 1.15
+
+
+def test_items_that_fail_together_give_a_design_effect_near_the_group_size():
+    # 20 groups of 10 items; the other condition loses whole groups at once
+    rng = np.random.default_rng(3)
+    labels = [i // 10 for i in range(200)]
+    base = np.ones(200, bool)
+    lost = rng.random(20) < 0.3
+    other = ~lost[np.asarray(labels)]
+    _, item = paired.change(_outs(base), _outs(other), "instructions strict")
+    _, typed = clustered.change(_outs(base), _outs(other), labels)
+    assert 6 < typed.var() / item.var() < 14
+
+
+def test_a_label_count_that_does_not_match_the_items_is_a_clear_error():
+    with pytest.raises(ParameterError, match="one label per item"):
+        clustered.change(_outs([1, 0, 1]), _outs([1, 1, 1]), ["a", "b"])
+    with pytest.raises(ParameterError, match="at least 2 groups"):
+        clustered.cluster_index(1)
+
+
+def test_one_type_has_no_interval_and_says_so():
+    pt, draws = clustered.change(_outs([1, 0, 1]), _outs([1, 1, 1]), ["a", "a", "a"])
+    e = paired.estimate(pt, draws)
+    assert pt == pytest.approx(100 / 3) and np.isnan(draws).all()
+    assert clustered.cell(e) == "+33.3 [no interval]"
+
+
+def test_the_calibration_sweep_reads_its_points_by_type():
+    from sinklib.adapt import calibrate
+
+    rng = np.random.default_rng(5)
+    labels = [i // 5 for i in range(50)]
+    base = _outs(np.ones(50, bool))
+    res = {"base": {"outcomes": base},
+           "points": [{"lr_lm": 5e-5, "steps": 60, "eval": {"outcomes": _outs(rng.random(50) < 0.95)}},
+                      {"lr_lm": 5e-4, "steps": 60, "eval": {"outcomes": _outs(np.arange(50) >= 25)}}]}
+    t = calibrate.by_type(res, labels)
+    assert list(t.steps) == [60, 60] and list(t.lr_lm) == [5e-5, 5e-4]
+    assert t["change, items resampled"][1].v == pytest.approx(-50.0)
+    text = calibrate.by_type_sentence(t, "m, full", {"lr_lm": 5e-4, "stage2_steps": 60})
+    assert text.startswith("m, full: ") and "the frozen point (rate 5e-4 for 60 steps) -50.0 [" in text
+    assert "by type (design effect" in text
+    assert calibrate.by_type_display(t, "m").frame.shape == (2, 3)
+
+
+def test_instruction_types_label_the_suite_in_the_runners_item_order():
+    from sinklib.evals import items
+
+    labels = clustered.instruction_types(360)
+    rows = items.sample(items.load_instruction_suite(360), 360, 0)
+    assert len(labels) == 360 and len(set(labels)) == 30
+    assert [tuple(r["instruction_id_list"]) for r in rows] == labels
+    assert len(clustered.instruction_types(72)) == 72
+    sizes = np.bincount(clustered.groups(labels))
+    assert clustered.composition(labels) == f"360 items in 30 instruction types of {sizes.min()} to {sizes.max()} items"
+    assert clustered.composition(["a", "a", "b", "b"]) == "4 items in 2 instruction types of 2 items"
+
+
+def _doc(seeds):
+    rng = np.random.default_rng(4)
+    labels = [i // 6 for i in range(60)]
+    outs = {"base": paired.pack(_outs(rng.random(60) < 0.6))}
+    for s in seeds:
+        name = "vl" if s == 0 else f"vl seed {s}"
+        outs[name] = paired.pack(_outs(rng.random(60) < 0.5))
+    return {"results": {"outcomes": {"m": outs}}}, labels
+
+
+def test_the_table_pools_seeds_and_keeps_the_item_level_point():
+    from sinklib.evals.pooling import pooled
+
+    doc, labels = _doc([0, 1, 2])
+    rows = clustered.table(doc, ["m", "absent"], labels)
+    assert list(rows.model) == ["m"]
+    r = rows.iloc[0]
+    assert r.seeds == 3 and r.types == 10 and r["items"] == 60
+    assert r["change, types resampled"].v == pytest.approx(pooled(doc, "m", "vl", "base",
+                                                                   ["instructions strict"])[0].v)
+    assert r["effective items"] <= 60
+    assert r["smallest detectable fall, types"] >= r["smallest detectable fall, items"] or r["design effect"] < 1
+
+
+def test_the_sentence_counts_changes_outside_each_noise():
+    from sinklib.stats.verdicts import Est
+    import pandas as pd
+
+    rows = pd.DataFrame([
+        {"model": "a", "items": 360, "types": 30, "change, items resampled": Est(-5, -9, -1),
+         "change, types resampled": Est(-5, -11, 1), "design effect": 2.5,
+         "smallest detectable fall, items": 6.5, "smallest detectable fall, types": 11.5},
+        {"model": "b", "items": 360, "types": 30, "change, items resampled": Est(-9, -14, -4),
+         "change, types resampled": Est(-9, -15, -3), "design effect": 1.4,
+         "smallest detectable fall, items": 6.5, "smallest detectable fall, types": 8.0}])
+    text = clustered.sentence(rows, {"a": "A"})
+    assert "2 of 2 changes lie outside the item-level" in text and "1 of them outside the type-level one (b)" in text
+    assert "6.5 points (items taken as independent) to 8.0-11.5 points" in text
+    assert "A -5.0 [-9.0, -1.0] by item, -5.0 [-11.0, +1.0] by type (design effect 2.5)" in text
