@@ -65,10 +65,17 @@ def test_the_calibration_sweep_reads_its_points_by_type():
     t = calibrate.by_type(res, labels)
     assert list(t.steps) == [60, 60] and list(t.lr_lm) == [5e-5, 5e-4]
     assert t["change, items resampled"][1].v == pytest.approx(-50.0)
-    text = calibrate.by_type_sentence(t, "m, full", {"lr_lm": 5e-4, "stage2_steps": 60})
+    frozen = {"lr_lm": 5e-4, "stage2_steps": 60}
+    text = calibrate.by_type_sentence(t, "m, full", frozen)
     assert text.startswith("m, full: ") and "the frozen point (rate 5e-4 for 60 steps) -50.0 [" in text
-    assert "by type (design effect" in text
-    assert calibrate.by_type_display(t, "m").frame.shape == (2, 3)
+    assert "by type (design effect" in text and "smallest detectable fall" in text
+    assert calibrate.by_type_display(t, "m").frame.shape == (2, 4)
+    found = calibrate.by_type_finding({"m, full": (t, frozen), "m, other": (t, None)})
+    e = t["change, types resampled"][1]
+    assert found.startswith(f"m, full: the frozen point's loss {'stays' if e.hi < 0 else 'does not stay'} outside")
+    assert "m, other: no recipe was frozen" in found
+    rec = calibrate.outcomes_record(res)
+    assert list(rec) == ["base", "5e-5/60", "5e-4/60"] and rec["5e-4/60"]["instructions strict"] == "0" * 25 + "1" * 25
 
 
 def test_instruction_types_label_the_suite_in_the_runners_item_order():
@@ -80,8 +87,20 @@ def test_instruction_types_label_the_suite_in_the_runners_item_order():
     assert [tuple(r["instruction_id_list"]) for r in rows] == labels
     assert len(clustered.instruction_types(72)) == 72
     sizes = np.bincount(clustered.groups(labels))
-    assert clustered.composition(labels) == f"360 items in 30 instruction types of {sizes.min()} to {sizes.max()} items"
+    multi = sum(len(t) > 1 for t in set(labels))
+    assert clustered.composition(labels) == (f"360 items in 30 instruction types of {sizes.min()} to {sizes.max()} "
+                                             f"items ({multi} of them combine two or more checkers)")
     assert clustered.composition(["a", "a", "b", "b"]) == "4 items in 2 instruction types of 2 items"
+
+
+def test_the_design_effect_is_the_cluster_robust_over_the_independent_variance():
+    labels = [i // 10 for i in range(200)]
+    whole = np.repeat(np.random.default_rng(6).choice([0.0, -1.0], 20), 10)     # groups change as a whole
+    assert 8 < clustered.design_effect(whole, labels) < 11                      # about the group size
+    mixed = np.random.default_rng(7).choice([0.0, -1.0, 1.0], 200)               # independent items
+    assert 0.5 < clustered.design_effect(mixed, labels) < 1.6
+    assert np.isnan(clustered.design_effect(np.zeros(200), labels))             # no spread at all
+    assert np.isnan(clustered.design_effect([1.0, 0.0], ["a", "a"]))            # one group
 
 
 def _doc(seeds):
@@ -121,5 +140,15 @@ def test_the_sentence_counts_changes_outside_each_noise():
          "smallest detectable fall, items": 6.5, "smallest detectable fall, types": 8.0}])
     text = clustered.sentence(rows, {"a": "A"})
     assert "2 of 2 changes lie outside the item-level" in text and "1 of them outside the type-level one (b)" in text
-    assert "6.5 points (items taken as independent) to 8.0-11.5 points" in text
+    assert "is 6.5 points with the items taken as independent and 8.0-11.5 at the effective numbers" in text
     assert "A -5.0 [-9.0, -1.0] by item, -5.0 [-11.0, +1.0] by type (design effect 2.5)" in text
+    assert "So 1 of the changes that the item-level intervals put outside the noise is inside it" in text
+    nan = float("nan")
+    rows.loc[0, "change, types resampled"] = Est(-5, nan, nan)
+    rows.loc[0, "design effect"] = nan
+    rows.loc[0, "smallest detectable fall, types"] = nan
+    text = clustered.sentence(rows)
+    assert "-5.0 [no interval] by type (design effect -)" in text
+    assert "and 1 of them outside the type-level one (b) (1 without a type-level interval: one type only)" in text
+    assert "Every change outside the item-level noise stays outside it" in text and "inside it" not in text
+    assert "and 8.0 at the effective numbers" in text
