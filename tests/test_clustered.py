@@ -152,3 +152,19 @@ def test_the_sentence_counts_changes_outside_each_noise():
     assert "and 1 of them outside the type-level one (b) (1 without a type-level interval: one type only)" in text
     assert "Every change outside the item-level noise stays outside it" in text and "inside it" not in text
     assert "and 8.0 at the effective numbers" in text
+
+
+def test_no_loss_anywhere_reads_as_none_instead_of_failing():
+    """A sweep or panel where no point loses beyond the item-level noise (every quick run): the selections are
+    empty frames, not a selection of no columns."""
+    from sinklib.adapt import calibrate
+
+    labels = [i // 2 for i in range(8)]
+    same = _outs([1, 0] * 4)
+    res = {"base": {"outcomes": same}, "points": [{"lr_lm": 5e-5, "steps": 2, "eval": {"outcomes": same}}]}
+    t = calibrate.by_type(res, labels)
+    assert calibrate.by_type_sentence(t, "m", None).startswith("m: 0 of 1 points lose strict instruction format")
+    assert calibrate.by_type_finding({"m": (t, {"lr_lm": 5e-5, "stage2_steps": 2})}).startswith(
+        "m: the frozen point's loss does not stay outside the noise")
+    doc = {"results": {"outcomes": {"m": {"base": paired.pack(same), "vl": paired.pack(same)}}}}
+    assert "0 of 1 changes lie outside the item-level" in clustered.sentence(clustered.table(doc, ["m"], labels))

@@ -333,11 +333,11 @@ def _name(r) -> str:
 def by_type_sentence(t: pd.DataFrame, what: str, frozen: Mapping[str, Any] | None = None) -> str:
     """`by_type` in words: how many points whose loss lies outside the item-level noise keep it outside the
     type-level one, naming them, and the frozen point's two intervals (`frozen`: `choose`'s recipe)."""
-    from sinklib.evals.clustered import has_interval
+    from sinklib.evals.clustered import has_interval, where
 
-    out = t[[e.hi < 0 for e in t["change, items resampled"]]]
-    typed = out[[has_interval(e) for e in out["change, types resampled"]]]
-    kept = typed[[e.hi < 0 for e in typed["change, types resampled"]]]
+    out = where(t, [e.hi < 0 for e in t["change, items resampled"]])
+    typed = where(out, [has_interval(e) for e in out["change, types resampled"]])
+    kept = where(typed, [e.hi < 0 for e in typed["change, types resampled"]])
     text = (f"{what}: {len(out)} of {len(t)} points lose strict instruction format beyond the item-level noise, and "
             f"{len(kept)} of them beyond the noise with the instruction types resampled"
             + (f" ({'; '.join(_name(r) for _, r in kept.iterrows())})" if len(kept) else "")
@@ -369,7 +369,7 @@ def by_type_finding(checks: Mapping[str, tuple[pd.DataFrame, Mapping[str, Any] |
     """Section 10.5 for the chapter's findings, one sentence per sweep (`checks`: {what: (`by_type` table, frozen
     recipe)}): whether the frozen point's loss stays outside the noise with the instruction types resampled, and
     which other points lose beyond the item-level noise but not beyond the type-level one."""
-    from sinklib.evals.clustered import cell, has_interval
+    from sinklib.evals.clustered import cell, has_interval, where
 
     out = []
     for what, (t, frozen) in checks.items():
@@ -379,8 +379,8 @@ def by_type_finding(checks: Mapping[str, tuple[pd.DataFrame, Mapping[str, Any] |
                 f"{what}: the frozen point's loss has no type-level interval" if not has_interval(e) else
                 f"{what}: the frozen point's loss {'stays' if e.hi < 0 else 'does not stay'} outside the noise "
                 f"with the instruction types resampled ({cell(e)})")
-        gone = t[[a.hi < 0 and has_interval(b) and b.hi >= 0
-                  for a, b in zip(t["change, items resampled"], t["change, types resampled"])]]
+        gone = where(t, [a.hi < 0 and has_interval(b) and b.hi >= 0
+                         for a, b in zip(t["change, items resampled"], t["change, types resampled"])])
         if len(gone):
             head += (f"; the item-level loss{'es' if len(gone) > 1 else ''} at "
                      + ", ".join(f"{_name(g)} ({cell(g['change, types resampled'])}, design effect "

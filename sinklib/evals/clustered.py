@@ -196,6 +196,12 @@ def outside(e: Est) -> bool:
     return has_interval(e) and (e.hi < 0 or e.lo > 0)
 
 
+def where(frame, mask):
+    """The rows of `frame` where `mask` (one bool per row) holds; an empty frame stays a frame with its columns
+    (plain `frame[[...]]` reads an empty list as a selection of no columns)."""
+    return frame.loc[np.asarray(list(mask), dtype=bool)]
+
+
 def _span(values) -> str:
     """'6.5' or '6.5-11.5' over the sizes given; 'none' when there are none (no fall of any size detected, or no
     design effect)."""
@@ -220,8 +226,8 @@ def sentence(rows, names: Mapping[str, str] | None = None) -> str:
     per = "; ".join(f"{names.get(r.model, r.model)} {cell(r['change, items resampled'])} by item, "
                     f"{cell(r['change, types resampled'])} by type (design effect {_num(r['design effect'])})"
                     for _, r in rows.iterrows())
-    by_item = rows[[outside(e) for e in rows["change, items resampled"]]]
-    typed = by_item[[has_interval(e) for e in by_item["change, types resampled"]]]
+    by_item = where(rows, [outside(e) for e in rows["change, items resampled"]])
+    typed = where(by_item, [has_interval(e) for e in by_item["change, types resampled"]])
     kept = [names.get(m, m) for m, e in zip(typed.model, typed["change, types resampled"]) if outside(e)]
     untyped = len(by_item) - len(typed)
     fall = (f"the smallest fall the suite detects with 80 % power is {_span(rows['smallest detectable fall, items'])} "
