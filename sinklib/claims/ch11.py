@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows  # noqa: F401
+from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows, records  # noqa: F401
 from sinklib.adapt.primary import PRIMARY, primary_test
 from sinklib.adapt.calibrate import rate as rate_text
 from sinklib.core.numbers import interval
