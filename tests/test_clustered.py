@@ -168,3 +168,17 @@ def test_no_loss_anywhere_reads_as_none_instead_of_failing():
         "m: the frozen point's loss does not stay outside the noise")
     doc = {"results": {"outcomes": {"m": {"base": paired.pack(same), "vl": paired.pack(same)}}}}
     assert "0 of 1 changes lie outside the item-level" in clustered.sentence(clustered.table(doc, ["m"], labels))
+
+
+def test_seed_pairs_pair_each_seed_with_its_own_reference():
+    """'base' pairs with every seed of the condition; another reference pairs seed by seed, and a seed whose
+    reference has no outcomes is left out (never paired with another seed's reference)."""
+    from sinklib.evals.pooling import seed_pairs
+
+    outs = {c: {"name": c} for c in ("base", "vl", "vl seed 1", "vl seed 2", "text_only", "text_only seed 2")}
+    doc = {"results": {"outcomes": {"m": outs}}}
+    named = [(c["name"], r["name"]) for c, r in seed_pairs(doc, "m", "vl", "base")]
+    assert named == [("vl", "base"), ("vl seed 1", "base"), ("vl seed 2", "base")]
+    named = [(c["name"], r["name"]) for c, r in seed_pairs(doc, "m", "vl", "text_only")]
+    assert named == [("vl", "text_only"), ("vl seed 2", "text_only seed 2")]
+    assert seed_pairs(doc, "m", "vl", "random") == [] and seed_pairs(doc, "other", "vl", "base") == []

@@ -31,7 +31,7 @@ import numpy as np
 from sinklib.core.numbers import interval
 from sinklib.errors import ParameterError
 from sinklib.evals import paired
-from sinklib.evals.pooling import _pool as pool_seeds, outcomes_of, pooled, seed_conditions
+from sinklib.evals.pooling import outcomes_of, pool_seeds, pooled, seed_pairs
 from sinklib.stats.verdicts import Est
 
 #: the metric this check is for: the primary test's
@@ -100,10 +100,7 @@ def pooled_change(doc: Mapping[str, Any], model: str, cond: str, ref: str, label
                   metric: str = METRIC) -> tuple[Est, int] | None:
     """`sinklib.evals.pooling.pooled` with the groups resampled instead of the items: each training seed's change
     paired on the shared groups (the same draws for every seed), the seeds resampled too. None without outcomes."""
-    conds = seed_conditions(doc, model, cond)
-    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
-    got = [change(outcomes_of(doc, model, r), outcomes_of(doc, model, c), labels, metric)
-           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
+    got = [change(r, c, labels, metric) for c, r in seed_pairs(doc, model, cond, ref)]
     if not got:
         return None
     return pool_seeds(np.asarray([g[0] for g in got]), np.asarray([g[1] for g in got])), len(got)
@@ -124,11 +121,8 @@ def design_effect(diffs: Sequence[float], labels: Sequence[Any]) -> float:
 
 def item_differences(doc: Mapping[str, Any], model: str, cond: str, ref: str, metric: str = METRIC) -> np.ndarray | None:
     """Per item, cond minus ref of a pass/fail metric (0 or +-1), averaged over the training seeds of `cond`."""
-    conds = seed_conditions(doc, model, cond)
-    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
-    got = [np.asarray(paired.unpack(outcomes_of(doc, model, c))[metric], float)
-           - np.asarray(paired.unpack(outcomes_of(doc, model, r))[metric], float)
-           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
+    got = [np.asarray(paired.unpack(c)[metric], float) - np.asarray(paired.unpack(r)[metric], float)
+           for c, r in seed_pairs(doc, model, cond, ref)]
     return np.mean(got, axis=0) if got else None
 
 
