@@ -182,3 +182,37 @@ def test_seed_pairs_pair_each_seed_with_its_own_reference():
     named = [(c["name"], r["name"]) for c, r in seed_pairs(doc, "m", "vl", "text_only")]
     assert named == [("vl", "text_only"), ("vl seed 2", "text_only seed 2")]
     assert seed_pairs(doc, "m", "vl", "random") == [] and seed_pairs(doc, "other", "vl", "base") == []
+
+
+def test_intraclass_inverts_the_design_effect_of_equal_groups():
+    labels = [g for g in range(10) for _ in range(5)]  # 10 types of 5 items
+    assert clustered.intraclass(1 + 4 * 0.25, labels) == pytest.approx(0.25)
+    assert clustered.intraclass(0.8, labels) == 0.0  # at or below 1: no positive correlation
+    assert np.isnan(clustered.intraclass(float("nan"), labels)) and np.isnan(clustered.intraclass(2.0, list(range(7))))
+
+
+def test_types_needed_is_the_fewest_types_that_detect_the_target():
+    """With no correlation and one item per type it is the fewest items whose paired test detects the fall (found
+    here by a plain scan); a correlation within types asks for more types, never fewer."""
+    from sinklib.evals.power import min_detectable_drop
+
+    scan = next(n for n in range(1, 400) if min_detectable_drop(n, 0.5, flip=0.05) <= 30.0)
+    assert clustered.types_needed(30.0, 0.5, 0.0, 1) == scan
+    k0, k1 = clustered.types_needed(30.0, 0.5, 0.0, 6), clustered.types_needed(30.0, 0.5, 0.3, 6)
+    assert k0 * 6 >= scan > (k0 - 1) * 6 and k1 > k0
+    assert clustered.types_needed(30.0, 0.5, 0.3, 6, most=2) is None
+    with pytest.raises(ParameterError):
+        clustered.types_needed(20.0, 0.5, float("nan"), 6)
+
+
+def test_plan_sentence_gives_types_per_model_from_the_design_effect():
+    import pandas as pd
+
+    labels = [g for g in range(10) for _ in range(6)]  # 10 types of 6 items
+    rows = pd.DataFrame([{"model": "a", "design effect": 1 + 5 * 0.3, "base pass rate": 0.5},
+                         {"model": "b", "design effect": float("nan"), "base pass rate": 0.5}])
+    s = clustered.plan_sentence(rows, labels, 20.0, names={"a": "A"})
+    need = clustered.types_needed(20.0, 0.5, 0.3, 6)
+    assert f"A: about {need} types (within-type correlation 0.30; 10 types give at most 33 effective items" in s
+    assert "b:" not in s and f"about {clustered.items_needed(20.0, 0.5)} independent items" in s
+    assert clustered.plan_sentence(rows.iloc[1:], labels, 20.0) == "no model has a design effect to plan from"

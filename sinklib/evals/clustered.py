@@ -174,6 +174,7 @@ def table(doc: Mapping[str, Any], models: Sequence[str], labels: Sequence[Any], 
         deff = design_effect(item_differences(doc, m, cond, ref, metric), labels)
         p = paired.score(outcomes_of(doc, m, ref), metric) / 100
         rows.append({"model": m, "seeds": typed[1], "items": len(labels), "types": int(groups(labels).max()) + 1,
+                     "base pass rate": p,
                      "change, items resampled": pooled(doc, m, cond, ref, [metric])[0],
                      "change, types resampled": typed[0], "design effect": deff,
                      **_power(len(labels), p, deff, power, flip)})
@@ -256,3 +257,70 @@ def display(rows, title: str):
         "smallest detectable fall (80 % power), items": [_num(v) for v in rows["smallest detectable fall, items"]],
         "the same, effective items": [_num(v) for v in rows["smallest detectable fall, types"]]})
     return Table(shown.set_index("model").T, title)
+
+
+def intraclass(deff: float, labels: Sequence[Any]) -> float:
+    """The within-type correlation of the paired differences implied by a design effect on groups of `labels`:
+    (deff - 1) / (m - 1), m the size-weighted mean group size (sum of m_g squared over n, Kish's formula for
+    unequal groups); 0 where the design effect is at or below 1, NaN without one or with groups of one item."""
+    sizes = np.bincount(groups(labels)).astype(float)
+    m = float((sizes ** 2).sum() / sizes.sum())
+    if deff != deff or m <= 1:
+        return float("nan")
+    return max(float(deff) - 1.0, 0.0) / (m - 1.0)
+
+
+def items_needed(target: float, p: float, *, power: float = 0.8, flip: float = 0.05, most: int = 4096) -> int | None:
+    """The fewest independent items whose exact paired McNemar test (`sinklib.evals.power`) detects a fall of
+    `target` points with `power` at base pass rate `p`: doubling from 8 items, then a bisection (the exact test's
+    power is nearly, not strictly, monotone in n, so 'about'); None if even `most` items do not."""
+    from sinklib.evals.power import min_detectable_drop
+
+    fits = lambda n: min_detectable_drop(n, p, power=power, flip=flip) <= target  # noqa: E731 (NaN: no)
+    lo, hi = 0, 8
+    while not fits(hi):
+        if hi >= most:
+            return None
+        lo, hi = hi, min(2 * hi, most)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def types_needed(target: float, p: float, rho: float, per_type: int, *, power: float = 0.8, flip: float = 0.05,
+                 most: int = 1000) -> int | None:
+    """The fewest instruction types of `per_type` items each whose suite detects a fall of `target` points with
+    `power` at base pass rate `p`, when the items of a type correlate by `rho` (`intraclass`): the effective number
+    of items, k m / (1 + (m - 1) rho), must reach `items_needed`. None if even `most` types do not; a planning
+    figure for a next suite, which assumes new types cluster as the measured ones do."""
+    if rho != rho or per_type < 1:
+        raise ParameterError(f"types_needed needs a within-type correlation and per_type >= 1 (got {rho}, {per_type})")
+    n = items_needed(target, p, power=power, flip=flip)
+    k = None if n is None else int(np.ceil(n * (1.0 + (per_type - 1) * max(rho, 0.0)) / per_type - 1e-9))
+    return k if k is not None and k <= most else None
+
+
+def plan_sentence(rows, labels: Sequence[Any], target: float, names: Mapping[str, str] | None = None) -> str:
+    """What a suite would need to detect a fall of `target` points at `table`'s design effects: per model, the
+    within-type correlation (`intraclass`) and the number of types of this suite's mean size (`types_needed`),
+    and the most effective items the suite's own number of types can ever give (k / rho)."""
+    names = names or {}
+    k = int(groups(labels).max()) + 1
+    m = int(round(len(labels) / k))
+    parts = []
+    for _, r in rows.iterrows():
+        rho = intraclass(r["design effect"], labels)
+        if rho != rho:
+            continue
+        need = types_needed(target, r["base pass rate"], rho, m)
+        why = ("design effect at or below 1: no within-type correlation measured" if rho == 0 else
+               f"within-type correlation {rho:.2f}; {k} types give at most {k / rho:.0f} effective items however "
+               "many items a type holds")
+        parts.append(f"{names.get(r.model, r.model)}: about {need if need else 'more than 1000'} types ({why})")
+    if not parts:
+        return "no model has a design effect to plan from"
+    n = items_needed(target, float(np.mean(rows["base pass rate"])))
+    return (f"to detect a fall of {target:g} points with 80 % power, about {n if n else 'more than 4096'} independent "
+            f"items would do (at the models' mean base pass rate); at these design effects, and if new types "
+            f"cluster as these do, a suite of types of {m} items would need " + "; ".join(parts))
