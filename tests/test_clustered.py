@@ -213,6 +213,6 @@ def test_plan_sentence_gives_types_per_model_from_the_design_effect():
                          {"model": "b", "design effect": float("nan"), "base pass rate": 0.5}])
     s = clustered.plan_sentence(rows, labels, 20.0, names={"a": "A"})
     need = clustered.types_needed(20.0, 0.5, 0.3, 6)
-    assert f"A: about {need} types (within-type correlation 0.30; 10 types give at most 33 effective items" in s
-    assert "b:" not in s and f"about {clustered.items_needed(20.0, 0.5)} independent items" in s
+    assert f"of 6 items would need about: A {need} (within-type correlation 0.30), against the 10 types here" in s
+    assert "cannot pass 10 over the correlation (33 for A)" in s and "b " not in s
     assert clustered.plan_sentence(rows.iloc[1:], labels, 20.0) == "no model has a design effect to plan from"

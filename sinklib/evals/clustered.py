@@ -302,25 +302,26 @@ def types_needed(target: float, p: float, rho: float, per_type: int, *, power: f
 
 
 def plan_sentence(rows, labels: Sequence[Any], target: float, names: Mapping[str, str] | None = None) -> str:
-    """What a suite would need to detect a fall of `target` points at `table`'s design effects: per model, the
-    within-type correlation (`intraclass`) and the number of types of this suite's mean size (`types_needed`),
-    and the most effective items the suite's own number of types can ever give (k / rho)."""
+    """What a suite would need to detect a fall of `target` points at `table`'s design effects and base pass rates:
+    per model, the number of types of this suite's mean size (`types_needed`, from the within-type correlation
+    `intraclass`), against the types the suite has, and the most effective items its own types can ever give."""
     names = names or {}
     k = int(groups(labels).max()) + 1
     m = int(round(len(labels) / k))
-    parts = []
+    need, caps = [], []
     for _, r in rows.iterrows():
-        rho = intraclass(r["design effect"], labels)
+        rho, name = intraclass(r["design effect"], labels), names.get(r.model, r.model)
         if rho != rho:
             continue
-        need = types_needed(target, r["base pass rate"], rho, m)
-        why = ("design effect at or below 1: no within-type correlation measured" if rho == 0 else
-               f"within-type correlation {rho:.2f}; {k} types give at most {k / rho:.0f} effective items however "
-               "many items a type holds")
-        parts.append(f"{names.get(r.model, r.model)}: about {need if need else 'more than 1000'} types ({why})")
-    if not parts:
+        n = types_needed(target, r["base pass rate"], rho, m)
+        need.append(f"{name} {n if n else 'more than 1000'} "
+                    + ("(design effect at or below 1)" if rho == 0 else f"(within-type correlation {rho:.2f})"))
+        if rho > 0:
+            caps.append(f"{k / rho:.0f} for {name}")
+    if not need:
         return "no model has a design effect to plan from"
-    n = items_needed(target, float(np.mean(rows["base pass rate"])))
-    return (f"to detect a fall of {target:g} points with 80 % power, about {n if n else 'more than 4096'} independent "
-            f"items would do (at the models' mean base pass rate); at these design effects, and if new types "
-            f"cluster as these do, a suite of types of {m} items would need " + "; ".join(parts))
+    return (f"to detect a fall of {target:g} points with 80 % power at each model's base pass rate and design effect, "
+            f"a suite of instruction types of {m} items would need about: " + "; ".join(need)
+            + f", against the {k} types here"
+            + (f". With {k} types the effective number of items cannot pass {k} over the correlation ("
+               + ", ".join(caps) + "), however many items each type holds" if caps else ""))
