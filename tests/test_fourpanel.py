@@ -580,9 +580,23 @@ def test_the_summary_says_which_losses_stay_outside_the_noise_by_instruction_typ
     plain = ch11.short_summary(rows, ch11.primary_of(rows), {})
     assert "instruction types" not in plain
     typed = ch11.short_summary(rows, ch11.primary_of(rows), {}, by_type={"a": Est(-25.0, -40.0, 2.0)})
-    assert ("Resampling the suite's instruction types instead of its items (items of one type pass or fail "
-            "together), this loss does not stay outside the noise (a -25.0 [-40.0, +2.0]).") in typed
+    assert ("Resampling the suite's instruction types instead of its items (when a model changes, the items of one "
+            "type tend to change together), this loss does not stay outside the noise (a -25.0 [-40.0, +2.0]).") in typed
+    nan = float("nan")
+    assert "instruction types" not in ch11.short_summary(rows, ch11.primary_of(rows), {},
+                                                         by_type={"a": Est(-25.0, nan, nan)})
     assert typed.index("Resampling") < typed.index(plain.split(". ")[1][:20])   # right after the losses
     text = ch11.findings(rows, ch11.primary_of(rows), by_type="a sentence")
     assert text.splitlines()[-1] == ("- **Items or instruction types** (a check added after the interim look; it "
                                      "changes no verdict): a sentence.")
+
+
+def test_pair_records_store_changes_as_lists():
+    import pandas as pd
+
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    rows = pd.DataFrame([{"model": "a", "VL: x": Est(-1.0, -2.0, 0.5), "precondition": True}])
+    assert ch11.records(rows) == [{"model": "a", "VL: x": [-1.0, -2.0, 0.5], "precondition": True}]
+    assert ch11.rows_of(ch11.records(rows)).loc[0, "VL: x"] == Est(-1.0, -2.0, 0.5)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows  # noqa: F401
+from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows, records  # noqa: F401
 from sinklib.adapt.primary import PRIMARY, primary_test
 from sinklib.adapt.calibrate import rate as rate_text
 from sinklib.core.numbers import interval
@@ -301,6 +301,7 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
     interim look. `minus`: the claims pages' '−'."""
     from sinklib.adapt.primary import primary_verdict
     from sinklib.core.numbers import signed
+    from sinklib.evals.clustered import has_interval
 
     rate = rate_text
     iv = lambda e: interval(e.v, e.lo, e.hi, minus=minus)  # noqa: E731
@@ -316,13 +317,14 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
            f"{_ORDER[v.outcome]}: " + (f"Spearman ρ {signed(primary['rho'], 2, minus)} over {primary['n']} pairs, "
                                         f"one-sided exact p {primary['p']:.3f} ({v.outcome})." if primary["n"] >= 3
                                         else f"{v.why}.")]
-    typed = [(m, by_type[m]) for m, _ in lost if m in (by_type or {})]
+    typed = [(m, by_type[m]) for m, _ in lost if has_interval((by_type or {}).get(m))]
     if typed:
         kept = sum(e.hi < 0 for _, e in typed)
         said = (f"this loss {'stays' if kept else 'does not stay'}" if len(typed) == 1 else
                 f"{kept} of these {len(typed)} losses {'stays' if kept == 1 else 'stay'}")
-        out.insert(1, f"Resampling the suite's instruction types instead of its items (items of one type pass or "
-                      f"fail together), {said} outside the noise (" + "; ".join(f"{m} {iv(e)}" for m, e in typed) + ").")
+        out.insert(1, f"Resampling the suite's instruction types instead of its items (when a model changes, the items "
+                      f"of one type tend to change together), {said} outside the noise ("
+                      + "; ".join(f"{m} {iv(e)}" for m, e in typed) + ").")
     if sensitivity is not None and len(tested):
         s_rows, s_primary, common = sensitivity
         top = tested.sort_values("S").iloc[-1]

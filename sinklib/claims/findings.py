@@ -215,10 +215,16 @@ def powered_dose(res: Results) -> str:
     for m, rec in r["recipe"].items():
         pt = next(p for p in r["sweep"][m] if p["lr_lm"] == rec["lr_lm"] and p["steps"] == rec["stage2_steps"])
         e, k = (Est(pt[q], pt[f"{q} lo"], pt[f"{q} hi"]) for q in ("instructions strict", "knowledge acc"))
-        typed = next((Est(*p["types"]) for p in (r.get("by_type") or {}).get("full", {}).get(m, [])
-                      if p["lr_lm"] == rec["lr_lm"] and p["steps"] == rec["stage2_steps"]), None)
+        row = next((p for p in (r.get("by_type") or {}).get("full", {}).get(m, [])
+                    if p["lr_lm"] == rec["lr_lm"] and p["steps"] == rec["stage2_steps"]), None)
+        typed = None if row is None else Est(*row["types"])
+        typed = typed if typed is not None and typed.lo == typed.lo else None  # one type: no type-level interval
         firm = firm and (typed is None or typed.hi < 0)
-        by_type = "" if typed is None else f" ({est(typed)} with the suite's instruction types resampled)"
+        fall = row.get("smallest detectable fall, types") if row else None
+        by_type = "" if typed is None else (
+            f" ({est(typed)} with the suite's instruction types resampled, which detects falls of "
+            f"{fall:.1f} points or more)" if fall is not None and fall == fall else
+            f" ({est(typed)} with the suite's instruction types resampled)")
         n10 = next(p["items"] for p in r["power"] if p["suite"] == f"{m}: instructions strict")
         small10 = _power(doc, f"{m}: instructions strict")
         ch4 = ""
@@ -232,7 +238,8 @@ def powered_dose(res: Results) -> str:
                    "4's null result is a matter of power and of that average, not evidence that nothing was lost")
         except (ResultsMissing, KeyError, StopIteration):
             pass
-        parts.append(f"on chapter 10's {n10}-prompt instruction suite (smallest detectable fall {small10:.1f} points; "
+        parts.append(f"on chapter 10's {n10}-prompt instruction suite (smallest detectable fall {small10:.1f} points with "
+                     "the items taken as independent; "
                      f"{m}, one training seed) VL adaptation at chapter 4's dose (stage-2 rate {rec['lr_lm']:g}, "
                      f"{rec['stage2_steps']} steps) changed the strict instruction pass rate by {est(e)} points"
                      f"{by_type}, "
@@ -241,10 +248,10 @@ def powered_dose(res: Results) -> str:
     if not parts:
         return ""
     if firm:
-        return "With the power to see it, the same dose does cost format: " + "; ".join(parts) + "."
-    return ("With the power to see it, the same dose costs format on these items, but not clearly on format "
-            "instructions in general: " + "; ".join(parts) + ". Resampled by instruction type (items of one type pass "
-            "or fail together), the interval contains zero.")
+        return "On a suite with more power, the same dose does cost format: " + "; ".join(parts) + "."
+    return ("On a suite with more power, the same dose costs format on these items, but not clearly on instruction "
+            "types like these in general: " + "; ".join(parts) + ". Resampled by instruction type (when a model "
+            "changes, the items of one type tend to change together), the interval contains zero.")
 
 
 FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_norm, powered_dose)
