@@ -218,7 +218,7 @@ def test_plan_sentence_gives_types_per_model_and_says_where_more_items_cannot_do
     assert lo < need < hi and f"about {n} independent items would do" in s
     assert f"of 6 items would need about: A {need} (within-type correlation 0.30; {lo}-{hi} over its 10-90 %" in s
     assert 10 / 0.3 < n and f"stays below {n} for A (33): no number of items" in s
-    assert f"about {clustered.items_per_type(n, 10, 0.0)} items in each type for c" in s and "b " not in s
+    assert f"(now 6 on average) would also do: about {clustered.items_per_type(n, 10, 0.0)} for c" in s and "b " not in s
     assert clustered.plan_sentence(rows.iloc[2:], labels, 20.0) == "no model has a design effect to plan from"
 
 

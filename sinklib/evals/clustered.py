@@ -365,7 +365,7 @@ def plan_sentence(rows, labels: Sequence[Any], target: float, names: Mapping[str
         need.append(f"{name} {t or 'over 1000'} (within-type correlation {rho:.2f}"
                     + _types_span(target, m, r.get("within-type correlation, 10-90 %")) + ")")
         per = items_per_type(n_need, k, rho)
-        (more.append(f"about {per} items in each type for {name}") if per else stuck.append(f"{name} ({k / rho:.0f})"))
+        (more.append(f"about {per} for {name}") if per else stuck.append(f"{name} ({k / rho:.0f})"))
     if not need:
         return "no model has a design effect to plan from"
     text = (f"to detect a fall of {target:g} points with 80 % power (exact paired McNemar test, background flip rate "
@@ -376,5 +376,5 @@ def plan_sentence(rows, labels: Sequence[Any], target: float, names: Mapping[str
         text += (f". With {k} types the effective number of items cannot pass {k} over the correlation, which stays "
                  f"below {n_need} for " + ", ".join(stuck) + ": no number of items within these types would do there")
     if more:
-        text += f". More items in the {k} types would also do: " + "; ".join(more)
+        text += f". Items per type in the {k} types here (now {m} on average) would also do: " + ", ".join(more)
     return text
