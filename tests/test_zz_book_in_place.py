@@ -108,27 +108,27 @@ def test_text_checks_find_a_figure_with_overlapping_text():
     assert len(found) == 1 and found[0].startswith("figure with overlapping text labels: " + plots.OVERLAP_MARK)
 
 
-def test_browser_finds_a_table_cell_cut_short(tmp_path):
-    """pandas cuts a cell past 50 characters with '...' unless told not to: the checker reports it."""
+def _bad_and_good(tmp_path, bad: str, good: str):
+    """Problems the real browser finds on two small pages (the article's HTML given)."""
     if browser_check.chromium() is None:
         pytest.skip("Chromium is not installed")
-    (tmp_path / "bad.html").write_text("<html><body><article class='bd-article'><table><tr><td>AWQ (4-bit), then "
-                                       "GGUF Q4_K_M (4-bit) from the...</td></tr></table></article></body></html>")
-    (tmp_path / "good.html").write_text("<html><body><article class='bd-article'><table><tr><td>AWQ (4-bit)</td>"
-                                        "</tr></table><p>and so on...</p></article></body></html>")
-    bad, good = browser_check.check_book(tmp_path, tmp_path / "shots", pages=["bad", "good"])
-    assert any(p.startswith("table cell cut short") for p in bad.problems), bad.problems
-    assert not any(p.startswith("table cell cut short") for p in good.problems), good.problems
+    for name, body in (("bad", bad), ("good", good)):
+        (tmp_path / f"{name}.html").write_text(f"<html><body><article class='bd-article'>{body}</article></body></html>")
+    found = browser_check.check_book(tmp_path, tmp_path / "shots", pages=["bad", "good"])
+    return found[0].problems, found[1].problems
+
+
+def test_browser_finds_a_table_cell_cut_short(tmp_path):
+    """pandas cuts a cell past 50 characters with '...' unless told not to: the checker reports it."""
+    bad, good = _bad_and_good(tmp_path, "<table><tr><td>AWQ (4-bit), then GGUF Q4_K_M (4-bit) from the...</td></tr>"
+                              "</table>", "<table><tr><td>AWQ (4-bit)</td></tr></table><p>and so on...</p>")
+    assert any(p.startswith("table cell cut short") for p in bad), bad
+    assert not any(p.startswith("table cell cut short") for p in good), good
 
 
 def test_browser_finds_struck_through_markup(tmp_path):
     """An unclosed <s> (as '<condition> seed <s>' once became) is reported, in a real browser."""
-    if browser_check.chromium() is None:
-        pytest.skip("Chromium is not installed")
-    (tmp_path / "bad.html").write_text("<html><body><article class='bd-article'><p>rows ' seed <s>', trained"
-                                       "</p><p>the rest of the page</p></article></body></html>")
-    (tmp_path / "good.html").write_text("<html><body><article class='bd-article'><p>rows <code>&lt;condition&gt; "
-                                        "seed &lt;s&gt;</code></p></article></body></html>")
-    bad, good = browser_check.check_book(tmp_path, tmp_path / "shots", pages=["bad", "good"])
-    assert any("struck-through" in p for p in bad.problems), bad.problems
-    assert not any("struck-through" in p for p in good.problems), good.problems
+    bad, good = _bad_and_good(tmp_path, "<p>rows ' seed <s>', trained</p><p>the rest of the page</p>",
+                              "<p>rows <code>&lt;condition&gt; seed &lt;s&gt;</code></p>")
+    assert any("struck-through" in p for p in bad), bad
+    assert not any("struck-through" in p for p in good), good
