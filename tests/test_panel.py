@@ -491,3 +491,25 @@ def test_chapter_11s_lora_panel_is_read_apart_from_chapter_4s_pairs(tmp_path):
     (tmp_path / "11.json").write_text(json.dumps({"results": {PANEL_KEYS["lora"]: [dict(row, llm="n")]}}))
     assert collect_panel_rows(tmp_path).llm.tolist() == ["m"]
     assert collect_panel_rows(tmp_path, panel="lora").llm.tolist() == ["n"]
+
+
+def test_head_map_layer_numbers_read_upright():
+    """Seaborn set the layer numbers on end, where a reader saw Gemma-3's 18 labels run together ('1011'):
+    they read upright, without overlapping."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sinklib import plots
+
+    plots.set_theme()
+    fig, axes = plots.subplots(1, 2, height=5.5)
+    for ax, (L, H) in zip(axes, [(30, 9), (18, 4)]):
+        plots.head_map(ax, np.random.default_rng(0).random((L, H)), "m", "change of mean sink probability")
+    fig.tight_layout()
+    fig.canvas.draw()
+    labels = [t for ax in axes for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(t.get_rotation() == 0 for t in labels)
+    assert plots.text_overlaps(fig) == []
+    plt.close("all")

@@ -118,6 +118,7 @@ def head_map(ax, values: np.ndarray, title: str, cbar_label: str, layers: list[i
     sns.heatmap(values, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center, cbar=cbar,
                 cbar_kws={"label": cbar_label} if cbar else None, xticklabels=[str(h) if (H <= 10 or h % 2 == 0) else "" for h in range(H)],
                 yticklabels=[str(l) if (L <= 20 or l % 2 == 0) else "" for l in layers])
+    ax.tick_params(axis="y", labelrotation=0)  # seaborn turns layer numbers on end, where adjacent ones run together
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
