@@ -16,3 +16,10 @@ def test_typographic_minus_for_the_claims_page():
     from sinklib.stats.verdicts import num
 
     assert signed(-0.4, 2, minus="−") == "−0.40" and num(-0.004, 2) == "0.00" and num(-0.4, 2) == "−0.40"
+
+
+def test_direction_is_one_rule_for_every_generated_direction():
+    from sinklib.core.numbers import direction
+
+    assert direction(-3.0, -0.1) == "fell" and direction(0.1, 2.0) == "rose"
+    assert direction(-1.0, 1.0) == "did not move outside the noise" and direction(-1.0, 1.0, "within noise") == "within noise"

@@ -14,7 +14,7 @@ import pandas as pd
 
 from sinklib.adapt.display import CONDITION_LABELS as LABELS
 from sinklib.adapt.scores import STRICT_METRICS as STRICT   # the strict-format mean's suites ('suite metric')
-from sinklib.core.numbers import interval, signed
+from sinklib.core.numbers import direction, interval, signed
 from sinklib.evals.pooling import pooled
 
 
@@ -24,7 +24,7 @@ def _names(xs: Sequence[str]) -> str:
 
 
 def _word(lo: float, hi: float, up: str = "rose", down: str = "fell") -> str:
-    return f"{down} outside the noise" if hi < 0 else f"{up} outside the noise" if lo > 0 else "stayed within the noise"
+    return direction(lo, hi, "stayed within the noise", f"{up} outside the noise", f"{down} outside the noise")
 
 
 def seeds_label(models: Sequence[str], seed_names: Sequence[str], extra_seeds: Sequence[int], seed: int) -> str:
@@ -189,7 +189,7 @@ def _s_clause(sink_rows: pd.DataFrame, models: Sequence[str]) -> str:
             words.append("rose" if xs and xs[0] > 0 else "fell" if xs else "was not measured")
             cells.append(f"{signed(xs[0], 3)}, one training seed" if xs else "no rows")
         else:
-            words.append("fell" if e.hi < 0 else "rose" if e.lo > 0 else "did not move outside the noise")
+            words.append(direction(e.lo, e.hi))
             cells.append(interval(e.v, e.lo, e.hi, 3))
     paper = (", where the paper's fell" if set(words) == {"rose"} else ", as the paper's did" if set(words) == {"fell"}
              else "; the paper's fell")

@@ -61,7 +61,9 @@ def s_under_vl(rows, model: str, seed: int = 0) -> str:
     e = t_interval(xs)
     if e is None:
         return f"{'fell' if xs[0] < 0 else 'rose'} (point value, training seed {seed})"
-    word = "fell" if e.hi < 0 else "rose" if e.lo > 0 else "within noise"
+    from sinklib.core.numbers import direction
+
+    word = direction(e.lo, e.hi, "within noise")
     return f"{word}: {est(e, 3)} (t interval over {len(xs)} training seeds)"
 
 

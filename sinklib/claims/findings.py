@@ -92,7 +92,9 @@ def _s_changes(doc: dict, model: str, cond: str) -> list[float]:
 
 
 def _direction(e: Est) -> str:
-    return "fell" if e.hi < 0 else "rose" if e.lo > 0 else "did not move outside the noise"
+    from sinklib.core.numbers import direction
+
+    return direction(e.lo, e.hi)
 
 
 def s_trajectory(res: Results) -> str:

@@ -12,3 +12,10 @@ def signed(value: float, digits: int = 1, minus: str = "-") -> str:
 def interval(value: float, lo: float, hi: float, digits: int = 1, minus: str = "-") -> str:
     """A change and its interval, 'v [lo, hi]', each `signed`."""
     return f"{signed(value, digits, minus)} [{signed(lo, digits, minus)}, {signed(hi, digits, minus)}]"
+
+
+def direction(lo: float, hi: float, within: str = "did not move outside the noise", up: str = "rose",
+              down: str = "fell") -> str:
+    """The word for a change whose interval is [lo, hi]: `down` when it lies wholly below zero, `up` when wholly
+    above, else `within` (the one rule every generated sentence of a direction uses)."""
+    return down if hi < 0 else up if lo > 0 else within
