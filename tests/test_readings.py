@@ -134,3 +134,15 @@ def test_training_line_gap_rates_and_sizes_in_words():
     assert R.sizes_who(["a"], ["a", "b"]) == "a alone ran them (b has the 1x random control only, in the tables above)"
     assert R.sizes_who(["a", "b"], ["a", "b"]) == "a and b ran them"
     assert R.qk_norm_words("none") == "no QK-norm" and R.qk_norm_words("per_head") == "per-head QK-norm"
+
+
+def test_vl_s_changes_reads_one_condition_of_one_model_over_its_seeds():
+    rows = pd.DataFrame({"model": ["a", "a", "a", "a", "b"],
+                         "condition": ["vl", "vl seed 1", "text_only", "vl seed 2", "vl"],
+                         "S change": [0.1, 0.2, -0.5, 0.3, 9.0]})
+    xs, e = R.vl_s_changes(rows, "a")
+    assert xs == [0.1, 0.2, 0.3]
+    assert abs(e.v - 0.2) < 1e-12 and e.lo < 0.2 < e.hi
+    xs, e = R.vl_s_changes(rows, "b")
+    assert xs == [9.0] and e is None
+    assert R.vl_s_changes(rows, "a", "text_only")[0] == [-0.5]

@@ -176,17 +176,24 @@ def _strict_words(e: Any, large: float | None = None) -> str:
     return "raised the strict format" if e.lo > 0 else "cost no detectable strict format"
 
 
-def _s_clause(sink_rows: pd.DataFrame, models: Sequence[str]) -> str:
-    """S under VL over the training seeds (t interval; one seed: its point value), against the paper's fall."""
+def vl_s_changes(sink_rows: pd.DataFrame, model: str, condition: str = "vl"):
+    """One model's change of S under `condition` per training seed (from `isolate.sink_text_rows`) and their t
+    interval (None with fewer than two seeds): the one computation behind this page's S sentence and the claims
+    row 6c."""
     from sinklib.stats.verdicts import t_interval
 
+    xs = [float(x) for x in sink_rows.loc[(sink_rows.model == model) & (sink_rows.condition.str.split(" seed ").str[0]
+                                                                     == condition), "S change"]]
+    return xs, t_interval(xs)
+
+
+def _s_clause(sink_rows: pd.DataFrame, models: Sequence[str]) -> str:
+    """S under VL over the training seeds (t interval; one seed: its point value), against the paper's fall."""
     words, cells = [], []
     for m in models:
-        xs = [float(x) for x in sink_rows.loc[(sink_rows.model == m) & (sink_rows.condition.str.split(" seed ").str[0]
-                                                                     == "vl"), "S change"]]
-        e = t_interval(xs)
+        xs, e = vl_s_changes(sink_rows, m)
         if e is None:
-            words.append("rose" if xs and xs[0] > 0 else "fell" if xs else "was not measured")
+            words.append(("rose" if xs[0] > 0 else "fell") if xs else "was not measured")
             cells.append(f"{signed(xs[0], 3)}, one training seed" if xs else "no rows")
         else:
             words.append(direction(e.lo, e.hi))

@@ -54,11 +54,11 @@ def s_under_vl(rows, model: str, seed: int = 0) -> str:
     """The change of S under VL for a verdict table, from `isolate.sink_text_rows` (one row per training seed):
     'rose'/'fell'/'within noise' by the t interval over the seeds where there are two or more, else by the point
     value of the one seed."""
-    xs = [float(x) for x in rows.loc[(rows.model == model) & (rows.condition.str.split(" seed ").str[0] == "vl"),
-                                     "S change"]]
+    from sinklib.adapt.readings import vl_s_changes
+
+    xs, e = vl_s_changes(rows, model)
     if not xs:
         return "not measured"
-    e = t_interval(xs)
     if e is None:
         return f"{'fell' if xs[0] < 0 else 'rose'} (point value, training seed {seed})"
     from sinklib.core.numbers import direction
