@@ -102,6 +102,21 @@ def test_paths_printed_relative(tmp_path, monkeypatch):
     assert not resources.display_path("/elsewhere/on/disk/x.json").startswith("/")
 
 
+def test_tables_saved_as_records(tmp_path, monkeypatch):
+    """A DataFrame passed to save_results is stored as its records, NaN as null, the same as to_dict(records)."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    monkeypatch.setenv("SINKBOOK_RESULTS", str(tmp_path))
+    t = pd.DataFrame({"a": [1, 2], "b": [0.5, np.nan], "c": ["x", "y"]})
+    book.save_results("99_demo", {"t": t, "nested": {"t": t}, "none": None}, params={"profile": "quick"})
+    got = json.loads((tmp_path / "99_demo.json").read_text())["results"]
+    want = [{"a": 1, "b": 0.5, "c": "x"}, {"a": 2, "b": None, "c": "y"}]
+    assert got == {"t": want, "nested": {"t": want}, "none": None}
+
+
 SOURCE = '''models = ["smollm2-135m", "gemma3-270m"]  # embedded names or hub ids
 device = "auto"
 lr = 0.00005  # a rate

@@ -70,6 +70,8 @@ def _jsonable(x: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
+    if type(x).__name__ == "DataFrame" and hasattr(x, "to_dict"):  # a table: one record per row
+        return _jsonable(x.to_dict(orient="records"))
     if isinstance(x, np.ndarray):
         return _jsonable(x.tolist())
     if isinstance(x, (np.floating,)):
