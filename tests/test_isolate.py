@@ -221,7 +221,8 @@ def test_plot_sink_text_labels_every_condition():
     assert [t.get_text() for t in fig.axes[0].texts] == ["VL (2 seeds)"]  # one label per condition
     assert fig.axes[0].texts[0].xy == (pytest.approx(-0.05), pytest.approx(-1.0))  # at the seeds' mean
     assert [t.get_text() for t in fig.axes[1].texts] == []  # random controls are hollow and unlabelled
-    assert len(fig.axes[1].collections) == 2 and len(fig.axes[0].collections) == 2
+    assert len(fig.axes[1].collections) == 2 and len(fig.axes[0].collections) == 3  # + the seeds' mean cross
+    assert fig.axes[0].collections[2].get_offsets().tolist() == [[pytest.approx(-0.05), pytest.approx(-1.0)]]
 
 
 def test_condition_means_pool_seed_replicates_before_correlating():

@@ -450,14 +450,14 @@ def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
 def plot_sink_text(rows: pd.DataFrame):
     """Figure 4.7: per model, the change of the strict-format mean (circles) and of the knowledge score (squares)
     against the change of the last-K sink mass, one point per adapted condition of `sink_text_rows`. Trained
-    conditions are labelled once per condition at the mean of its training seeds (`seeds.label`, with the number
-    of seeds); the random controls (every size and seed), which crowd near the
+    conditions are labelled once per condition at the mean of its training seeds (a small cross; `seeds.label`,
+    with the number of seeds; placed clear of each other by `plots.label_points`); the random controls (every size and seed), which crowd near the
     origin, are drawn hollow and unlabelled."""
     from sinklib import plots
     from sinklib.adapt.seeds import label, parse_name
 
     models = list(dict.fromkeys(rows.model))
-    fig, axes = plots.subplots(1, len(models), height=3.6)
+    fig, axes = plots.subplots(1, len(models), height=4.0)
     for ax, name in zip(axes, models):
         r = rows[rows.model == name]
         rnd = r.condition.str.startswith("random")
@@ -469,11 +469,6 @@ def plot_sink_text(rows: pd.DataFrame):
                        **({"color": "C0"} if fill else {"facecolors": "none", "edgecolors": "C0"}))
             ax.scatter(x, r[sel]["knowledge acc change"], marker="s", label=f"{tag}knowledge",
                        **({"color": "C2"} if fill else {"facecolors": "none", "edgecolors": "C2"}))
-        trained = r[~rnd].assign(kind=[parse_name(c)[0] for c in r[~rnd].condition])
-        for kind, g in trained.groupby("kind", sort=False):  # one label per condition, its seeds together
-            ax.annotate(label(kind) + (f" ({len(g)} seeds)" if len(g) > 1 else ""),
-                        (g["sink mass change"].mean(), g["strict-format mean change"].mean()),
-                        fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="k", lw=0.6)
         ax.axvline(0, color="k", lw=0.6)
         ax.set_title(name)
@@ -483,4 +478,13 @@ def plot_sink_text(rows: pd.DataFrame):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=2, frameon=False)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
+    for ax, name in zip(axes, models):  # one label per trained condition at its seeds' mean (a small cross)
+        r = rows[(rows.model == name) & ~rows.condition.str.startswith("random")]
+        if r.empty:
+            continue
+        g = r.assign(kind=[parse_name(c)[0] for c in r.condition]).groupby("kind", sort=False)
+        mx, my = g["sink mass change"].mean(), g["strict-format mean change"].mean()
+        ax.scatter(mx, my, marker="x", s=14, color="0.3", lw=0.8)
+        plots.label_points(ax, list(mx), list(my), [label(k) + (f" ({n} seeds)" if n > 1 else "")
+                                                    for k, n in g.size().items()], fontsize=7)
     return fig
