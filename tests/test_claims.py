@@ -134,6 +134,18 @@ def ch5(rho=None):
                  "measured_lopo": [{"task": r["task"], "mae_model": None, "mae_constant": None}]}, models=())
 
 
+def ch11(rho=None, n=4, p=None, p_reverse=None, **more):
+    """Chapter 11's results: its primary test over n pairs (second amendment) and the two stopped designs (`more`:
+    other keys of its results, such as 'interim' and 'sensitivity')."""
+    prim = {"n": n, "rho": rho if rho is not None else float("nan"), "p": p if p is not None else float("nan"),
+            "p_reverse": p_reverse if p_reverse is not None else float("nan"), "p_min": 1 / 24, "models": [], "of": 4}
+    dead = {"n": 1, "rho": float("nan"), "p": float("nan"), "p_reverse": float("nan"), "p_min": float("nan"),
+            "models": [], "of": 3}
+    return _doc({"primary": prim, "lr_rule": "precondition-chosen",
+                 "stopped": {"frozen": {"primary": dead}, "recipe-scaled": {"primary": {**dead, "n": 2}}}, **more},
+                models=())
+
+
 def ch5_tiny(rho=None, partial=None):
     t = "delta_format_strict"
     r = {"task": t, "n": 15, "rho": None, "ci_fisher_lo": None, "ci_fisher_hi": None, "p_value": None, "note": "x"}
@@ -236,7 +248,7 @@ def ch8_repair(loss_hi, sink_lo, random_lo=-5.0, other_lo=-5.0, sink_hi=10.0):
 
 C1, C2, C3, C4, C5, C6 = ("01_sink_definition", "02_sink_strength", "03_perturbation_bound", "04_vl_adaptation",
                           "05_panel_correlations", "06_negative_controls")
-C7, C8, C9 = "07_controlled_panel", "08_causal_tests", "09_sink_panel"
+C7, C8, C9, C11 = "07_controlled_panel", "08_causal_tests", "09_sink_panel", "11_four_panel"
 
 
 def ch9(rho=(-0.7, -0.9, -0.4, 0.001), word="reproduced", sinks=1.0, partial=(-0.6, 0.01)):
@@ -296,6 +308,10 @@ CASES = [
     ("6c", {C4: ch4({A: pair(dS=((-0.3, -0.25, -0.35), (0.0, 0.01, -0.01)), vqa=40.0)})}, NOT_TESTED),
     ("7a", {C5: ch5((0.9, 0.5, 0.98))}, REPRODUCED), ("7a", {C5: ch5((-0.9, -0.98, -0.5))}, CONTRADICTED),
     ("7a", {C5: ch5()}, INCONCLUSIVE),
+    ("7a", {C5: ch5(), C11: ch11(1.0, p=1 / 24, p_reverse=1.0)}, REPRODUCED),          # chapter 11 decides
+    ("7a", {C5: ch5((0.9, 0.5, 0.98)), C11: ch11(-1.0, p=1.0, p_reverse=1 / 24)}, CONTRADICTED),
+    ("7a", {C5: ch5((0.9, 0.5, 0.98)), C11: ch11(0.4, p=0.33, p_reverse=0.75)}, INCONCLUSIVE),
+    ("7a", {C5: ch5((0.9, 0.5, 0.98)), C11: ch11(n=2)}, NOT_TESTED),
     ("8a", {C6: ch6()}, REPRODUCED), ("8a", {C6: ch6(top1=0.32)}, NOT_TESTED),
     ("8a", {C6: ch6(control=None)}, NOT_TESTED), ("8a", {C6: ch6(after=(45, 45), n=24)}, INCONCLUSIVE),
     ("8a", {C6: ch6(after=(60, 60), control=(30, 30))}, CONTRADICTED),
@@ -333,6 +349,21 @@ def test_verdict_follows_the_rule(monkeypatch, cid, docs, expected):
     e = claims.evaluate(BY_ID[cid])
     assert e.row.verdict == expected, e.row
     assert e.profile == "quick" and e.row.ours
+
+
+def test_row_7a_on_chapter_11_names_its_design_and_the_stopped_ones(monkeypatch):
+    _fake(monkeypatch, {C5: ch5(), C11: ch11(0.4, p=0.33, p_reverse=0.75)})
+    ours = claims.evaluate(BY_ID["7a"]).row.ours
+    assert ours[0].startswith("ρ = +0.40 over 4 real models, one-sided exact p = 0.330 (chapter 11, its second "
+                              "amendment")
+    assert ours[1] == ("stopped designs: the pre-registered design: not tested; its first amendment: not tested")
+    sens = {"primary": {"n": 3, "rho": 0.5, "p": 0.5, "p_reverse": 0.67, "p_min": 1 / 6, "models": []}}
+    _fake(monkeypatch, {C5: ch5(), C11: ch11(0.4, p=0.33, p_reverse=0.75, interim=True, sensitivity=sens)})
+    ours = claims.evaluate(BY_ID["7a"]).row.ours
+    assert ours[0].endswith("written after three pairs were seen; an interim look at the first training seed only; "
+                            "the change is the strict pass rate of chapter 11's instruction suite)")
+    assert ours[2] == "sensitivity analysis, every model at one rate: ρ = +0.50, one-sided exact p = 0.500, inconclusive"
+    assert claims.evaluate(BY_ID["7a"]).row.reason.startswith("interim look (the first training seed, no controls")
 
 
 def test_every_computed_claim_has_three_cases():

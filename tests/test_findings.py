@@ -181,3 +181,45 @@ def test_powered_dose_reads_the_frozen_recipes_point_beside_both_suites_power(mo
     assert "360-prompt" in findings.powered_dose(Results()) and "72-prompt" not in findings.powered_dose(Results())
     _fake(monkeypatch, {"04_vl_adaptation": ch4})
     assert findings._safe(findings.powered_dose, Results()) == ""
+
+
+def test_a_row_decided_by_another_chapter_shows_there_too():
+    """Row 7a lives on chapter 5's page, but once chapter 11 has a primary test its results alone decide the
+    row: chapter 11's passage lists it, chapter 5's keeps it, and the claims table links both."""
+    from sinklib.claims.core import Evaluated, Row, render
+    from sinklib.claims.registry import CLAIMS
+
+    c7a = next(c for c in CLAIMS if c.id == "7a")
+    row = Row(("ρ = −0.40 over 4 real models", "sensitivity analysis: inconclusive"), "inconclusive", "p 0.792")
+    e = Evaluated(c7a, row, [], "full", ["11_four_panel"])
+    assert e.decided_by == ["11_four_panel"]
+    assert "**Row 7a, inconclusive.**" in findings.chapter_found("11_four_panel", [e])
+    assert "4 real models; sensitivity analysis" in findings.chapter_found("05_panel_correlations", [e])
+    assert "decided by {doc}`ch. 11 </book/chapters/11_four_panel>`" in render([e])
+    own = Evaluated(c7a, row, [], "full", ["05_panel_correlations", "07_controlled_panel"])
+    assert own.decided_by == [] and findings.chapter_found("07_controlled_panel", [own]) == ""
+
+
+def test_four_panel_sentence_follows_chapter_11s_results(monkeypatch):
+    def pair(model, S, change, ok=True):
+        return {"model": model, "S": S, "precondition": ok, "VL: instructions strict": change}
+
+    pairs = [pair("a", 0.7, [-5.0, -9.0, -1.0]), pair("b", 0.1, [0.3, -2.0, 2.5]), pair("c", -0.1, [-4.0, -7.0, -0.5]),
+             pair("d", -0.2, [-30.0, -35.0, -25.0], ok=False)]
+    primary = {"n": 3, "rho": -0.5, "p": 0.83, "p_reverse": 0.5, "p_min": 1 / 6}
+    sens = {"rate": 4e-4, "primary": {"n": 3, "rho": 1.0, "p": 1 / 6}, "pairs": [pair("a", 0.7, [0.6, -2.5, 3.9])]}
+    doc = {"pairs": pairs, "primary": primary, "interim": True, "rates": {"a": 2e-3, "b": 4e-4, "c": 4e-4},
+           "sensitivity": sens}
+    _fake(monkeypatch, {"11_four_panel": {"results": doc}})
+    text = findings.four_panel(Results())
+    assert text.startswith("On 4 real models (chapter 11)") and "beyond the paired noise in 2 of the 3 tested pairs" in text
+    assert "(a −5.0 [−9.0, −1.0] points at rate 2e-3; c −4.0 [−7.0, −0.5] points at rate 4e-4)" in text
+    assert "cannot say whether base S orders the losses: Spearman ρ −0.50 over 3 pairs, one-sided exact p 0.830" in text
+    assert "a, the model with the highest S, trained at 2e-3; at 4e-4" in text and "+0.6 [−2.5, +3.9] points (within" in text
+    assert "the two analyses differ only in this model's rate" in text and "interim look" in text
+    doc["stopped"] = {"frozen": {"pairs": [pair("a", 0.7, [-5.0, -9.0, -1.0]), pair("d", -0.2, [0, 0, 0], ok=False)]}}
+    assert "The recipe's frozen rate had destroyed 1 of the first 2 models" in findings.four_panel(Results())
+    doc["rates"]["a"] = 4e-4   # trained at the common rate already: nothing more to say about it
+    assert "the model with the highest S" not in findings.four_panel(Results())
+    doc["pairs"] = pairs[:2] + pairs[3:]  # fewer than three pairs in the test: no sentence
+    assert findings.four_panel(Results()) == ""

@@ -50,6 +50,12 @@ def test_primary_test_is_one_sided_and_says_what_four_models_can_show():
     assert rev["rho"] == pytest.approx(-1.0) and rev["p"] == pytest.approx(1.0)
     few = fourpanel.primary_test(S, {"a": 1.0, "b": float("nan")})
     assert few["n"] == 1 and math.isnan(few["rho"]) and fourpanel.primary_sentence(few).startswith("not tested")
+    said = fourpanel.primary_sentence(rev, interim=True)                             # both one-sided p, the outcome
+    assert said.startswith("interim look, first training seed only: contradicted (one-sided exact p 1.000 in the "
+                           "paper's direction and 0.042 against it: the second below 0.05)")
+    flat = fourpanel.primary_test(S, {"a": -2.0, "b": -2.0, "c": -2.0, "d": -2.0})  # no ordering: inconclusive
+    assert flat["p"] == flat["p_reverse"] == 1.0 and fourpanel.primary_verdict(flat).outcome == "inconclusive"
+    assert "the change is the same for every pair" in fourpanel.primary_sentence(flat)
 
 
 def _run(tmp, monkeypatch, low_memory):
@@ -120,7 +126,14 @@ def test_the_panel_table_pools_seeds_and_checks_each_pairs_precondition():
     assert [r["llm"] for r in pr] == ["a", "b"] and pr[0]["source"] == "measured: notebook 11"
     assert pr[0]["delta_instructions_strict"] == pytest.approx(rows.loc["a", "VL: instructions strict"].v)
     shown = ch11.display(rows.reset_index()).frame
-    assert shown.loc["c", "in the primary test"] == "no: precondition failed" and "np." not in shown.to_string()
+    assert shown.loc["in the primary test", "c"] == "no: precondition failed" and "np." not in shown.to_string()
+    assert list(shown.columns) == ["a", "b", "c"] and "text-only: instructions strict" in shown.index
+    alone = ch11.display(rows.reset_index().assign(**{c: None for c in rows.columns if c.startswith("text-only")}))
+    assert not any(i.startswith("text-only") for i in alone.frame.index)   # a control not run: its rows left out
+    pt = ch11.primary_table(rows.reset_index(), {"a": 2e-3, "b": 4e-4, "c": 4e-4}, None, "t").frame
+    assert list(pt.index) == list(rows.sort_values("S", ascending=False).index) and set(pt.rate) <= {"2e-3", "4e-4"}
+    assert "S (chapter 2)" not in pt.columns and pt.loc["c", "in the test"] == "no: precondition failed"
+    assert "S (chapter 2)" in ch11.primary_table(rows.reset_index(), {m: 1e-3 for m in "abc"}, {"a": 0.1}, "t").frame
 
 
 
@@ -171,7 +184,9 @@ def test_panelprep_reads_the_chapters_own_parameters(tmp_path):
     cell = nbformat.v4.new_code_cell('models = ["smollm2-135m"]\ndevice = "auto"\nseeds = [0, 1]\nkinds = ["vl"]\n'
                                      'low_memory_models = []\nrandom_scales = []\nimage_size = 48\nstage1_steps = 5\n'
                                      'batch_size = 4\nlr_projector = 0.01\nschedule = "constant"\n'
-                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\nstage2_steps = 3\nn_prompts = 4\n'
+                                     'lr_lm = "chapter10"\nlr_rule = "recipe-scaled"\ngrid_start = {}\nstopped_models = []\nprimary_only = False\n'
+                                     'sensitivity = True\n'
+                                     'stage2_steps = 3\nn_prompts = 4\n'
                                      'last_k_layers = 10\n'
                                      'max_tokens = 32\nvqa_n = 16\neval_instructions = 2\neval_math = 2\n'
                                      'eval_knowledge = 8\neval_perplexity = 2\neval_batch_size = 8\n'
@@ -290,12 +305,13 @@ def test_the_chapter_says_where_its_evaluations_ran():
     assert m == {"evaluations": 4, "unrecorded": 1, "machines": {"aaaa1111": "EPYC, 2 cores", "bbbb2222": "EPYC, 2 cores"},
                  "rebuilt": ["m 0 vl"], "not bit-identical": []}
     s = ch11.machines_sentence(m)
-    assert s.startswith("the 4 evaluations ran on 2 machine(s) (EPYC, 2 cores), 1 of them computed before")
+    assert s.startswith("the 3 evaluations that recorded their machine ran on 2 machines (EPYC, 2 cores); 1 were "
+                        "computed before")
     assert "1 read a snapshot trained on another machine and rebuilt or retrained here (m 0 vl), every one bit-identical" in s
     panel["evals"][("m", 0, "vl")]["note"]["weights"]["bit_identical"] = False
     assert "1 of them not bit-identical to the first training: m 0 vl" in ch11.machines_sentence(ch11.machines(panel))
     none = ch11.machines_sentence(ch11.machines({"base": {"m": {}}, "evals": {}, "random": {}}))
-    assert none.startswith("the 1 evaluations do not record their machine") and "trained on the machine that" in none
+    assert none.startswith("the 1 evaluations do not record their machine") and "recorded its machine read" in none
 
 
 def test_a_job_evaluated_from_a_rebuilt_snapshot_says_so(tmp_path, monkeypatch):
@@ -339,3 +355,216 @@ def test_a_pair_left_out_says_why_with_its_numbers():
                                                "knowledge -33.0 [-38.7, -27.7] points (fell)")
     ok = {**row, "learned": True, "VQA": 55.0, "VL: knowledge acc": Est(5.0, 1.3, 8.7)}
     assert ch11.precondition_sentence(ok).endswith("(learned at every seed); knowledge +5.0 [+1.3, +8.7] points (held)")
+
+
+def test_the_rate_grid_steps_by_a_fifth_and_its_second_rate_is_the_first_amendments():
+    from sinklib.adapt import ratechoice
+
+    rec = {**RECIPE, "calibrated_on": "smollm2-135m", "lr_lm": 2e-3}
+    grid = ratechoice.rate_grid(rec)
+    assert grid[0] == 2e-3 and grid == sorted(grid, reverse=True) and len(grid) == ratechoice.GRID_POINTS
+    assert grid[1] == fourpanel.model_rate("gemma3-270m", rec, "recipe-scaled")   # the same float: the same job
+    assert grid[2] == pytest.approx(8e-5)
+    kw = dict(image_size=48, stage1_steps=200, batch_size=32, lr_projector=0.01, schedule="constant")
+    assert (fourpanel.panel_params("gemma3-270m", "w", rec, 0, **kw, lr_rule="recipe-scaled") ==
+            fourpanel.panel_params("gemma3-270m", "w", rec, 0, **kw, lr_rule="precondition-chosen", lr=grid[1]))
+    with pytest.raises(ParameterError, match="chosen by running it"):
+        fourpanel.model_rate("m", rec, "precondition-chosen")
+    assert grid[:2] == [0.002, 0.00039999999999999996]          # frozen literals: not read from vl.MODEL_RATES
+    assert {fourpanel.model_rate(m, rec, "common-rate") for m in fourpanel.MODELS} == {grid[1]}  # sensitivity
+    assert ratechoice.common_rate(rec) == grid[ratechoice.COMMON_INDEX]
+    assert ratechoice.check_grid_start("g", {"m": 1}) == {"m": 1}
+    with pytest.raises(ParameterError, match="grid indices"):
+        ratechoice.check_grid_start("g", [1])
+    with pytest.raises(ParameterError, match=r"g\['m'\]"):
+        ratechoice.check_grid_start("g", {"m": 3})
+
+
+def test_the_walk_keeps_the_first_rate_that_passes_the_preconditions_blind_to_format():
+    from sinklib.adapt import ratechoice
+
+    base, broken, fine = _ev(30, 30), _ev(30, 5, vqa=(0.3, 200)), _ev(2, 30)   # fine: learned, knowledge held
+    seen = []
+
+    def run_at(rate):
+        seen.append(rate)
+        return base, broken if rate > 1e-3 else fine
+
+    t = ratechoice.walk("m", RECIPE, run_at, seed=0, image_size=48)
+    assert seen == ratechoice.rate_grid(RECIPE)[:2] and [x["passes"] for x in t] == [False, True]
+    assert ratechoice.chosen(t) == seen[1]            # chosen although its format fell by 70 points
+    seen.clear()
+    t = ratechoice.walk("m", RECIPE, lambda r: (seen.append(r), (base, broken))[1], seed=0, image_size=48, start=1)
+    assert seen == ratechoice.rate_grid(RECIPE)[1:] and ratechoice.chosen(t) is None
+    rows = ratechoice.walk_rows({"m": t}, 0, 48)
+    assert [r["passes"] for r in rows] == ["no", "no"] and all(r["chosen"] == "" for r in rows)
+    assert rows[0]["learned"] == "no" and rows[0]["knowledge change (pt)"].startswith("-62.5")
+
+
+def test_the_panel_walks_each_models_rate_and_runs_its_other_jobs_at_the_chosen_one(monkeypatch):
+    """run_panel under 'precondition-chosen': a model's first VL job walks the grid from its start, its other
+    jobs run at the chosen rate, and a model with no passing rate runs nothing else."""
+    import sinklib.core.data
+    import sinklib.core.models
+
+    class LM:
+        def __init__(self, name):
+            self.name, self.weights_sha256, self.qk_norm, self.model = name, "w", "none", None
+
+    ran = []
+    monkeypatch.setattr(sinklib.core.models, "load_model", lambda name, device: LM(name))
+    monkeypatch.setattr(sinklib.core.data, "load_prompts", lambda n, seed: ["a"])
+    monkeypatch.setattr(fourpanel, "_eval_kwargs", lambda lm, p, prompts: {})
+    monkeypatch.setattr(fourpanel, "base_source", lambda lm, pp, low_memory: (lambda: {}))
+    keyed = []
+
+    def run_base(lm, pp, base, low_memory, key_rate=None, **kw):
+        keyed.append(key_rate)
+        return _ev(30, 30)
+
+    monkeypatch.setattr(fourpanel, "run_base", run_base)
+
+    def run_condition(lm, pp, kind, base, low_memory, progress, **kw):
+        ran.append((lm.name, pp["seed"], kind, pp["lr_lm"]))
+        ok = lm.name == "a" and pp["lr_lm"] < 1e-3
+        return _ev(20, 30) if ok else _ev(20, 5, vqa=(0.3, 200))
+
+    monkeypatch.setattr(fourpanel, "run_condition", run_condition)
+    p = {"models": ["a", "b"], "seeds": [0, 1], "kinds": ["vl"], "random_scales": [], "low_memory_models": [],
+         "lr_rule": "precondition-chosen", "grid_start": {"b": 1}, "n_prompts": 1, "device": "cpu",
+         "image_size": 48, "stage1_steps": 2, "batch_size": 2, "lr_projector": 0.01, "schedule": "constant",
+         "show_progress": False}
+    from sinklib.adapt import ratechoice
+
+    g = ratechoice.rate_grid(RECIPE)
+    out = fourpanel.run_panel(p, RECIPE)
+    assert keyed and set(keyed) == {RECIPE["lr_lm"]}  # one base evaluation per model, whatever rate is tried
+    assert ran == [("a", 0, "vl", g[0]), ("a", 0, "vl", g[1]), ("b", 0, "vl", g[1]), ("b", 0, "vl", g[2]),
+                   ("a", 1, "vl", g[1])]                                    # b passed nowhere: no seed-1 job
+    assert ratechoice.chosen(out["walks"]["a"]) == g[1] and ratechoice.chosen(out["walks"]["b"]) is None
+    assert out["params"][("a", 1)]["lr_lm"] == g[1] and set(out["evals"]) == {("a", 0, "vl"), ("b", 0, "vl"),
+                                                                              ("a", 1, "vl")}
+
+
+def test_the_primary_tests_outcome_is_decided_by_the_books_one_rule():
+    S = {"a": 0.1, "b": 0.5, "c": 0.9, "d": 1.5}
+    up, down = {"a": -9.0, "b": -6.0, "c": -3.0, "d": -1.0}, {"a": -1.0, "b": -3.0, "c": -6.0, "d": -9.0}
+    assert fourpanel.primary_verdict(fourpanel.primary_test(S, up)).outcome == "reproduced"
+    t = fourpanel.primary_test(S, down)
+    assert t["p_reverse"] == pytest.approx(1 / 24) and fourpanel.primary_verdict(t).outcome == "contradicted"
+    swap = fourpanel.primary_test(S, {"a": -9.0, "b": -3.0, "c": -6.0, "d": -1.0})
+    assert fourpanel.primary_verdict(swap).outcome == "inconclusive"
+    three = fourpanel.primary_test({"a": 0.1, "b": 0.5, "c": 0.9}, {"a": -9.0, "b": -6.0, "c": -3.0})
+    assert three["p"] == pytest.approx(1 / 6) and fourpanel.primary_verdict(three).outcome == "inconclusive"
+    few = {**fourpanel.primary_test(S, {"a": 1.0}), "of": 4}
+    v = fourpanel.primary_verdict(few)
+    assert v.outcome == "not tested" and v.why.startswith("1 of 4 pairs pass")
+
+
+def test_the_chapter_ends_with_its_findings_in_words():
+    from sinklib.claims import ch11
+
+    panel = {"base": {"a": _ev(30, 30, S=0.9), "b": _ev(30, 30, S=0.1), "c": _ev(30, 30, S=0.5)},
+             "evals": {("a", 0, "vl"): _ev(20, 30), ("b", 0, "vl"): _ev(30, 30), ("c", 0, "vl"): _ev(20, 5)}}
+    rows = ch11.pair_rows(panel, 0, 48)
+    text = ch11.findings(rows, ch11.primary_of(rows), {"a": 2e-3, "b": 4e-4, "c": None}, interim=True)
+    lines = text.splitlines()
+    assert lines[0].startswith("- **Does a higher base S go with a smaller VL loss of strict instruction format?** "
+                               "The panel could not ask it") and "interim look" in lines[0]
+    assert lines[1].startswith("- The primary test: not tested: 2 of 3 pairs pass")
+    assert [ln.split(" ")[1] for ln in lines[2:5]] == ["a", "c", "b"]                 # in order of base S
+    assert "at rate 2e-3: strict instructions -25.0 [" in lines[2] and "(a loss beyond the paired noise)" in lines[2]
+    assert "at no rate of the grid" in lines[3] and "left out (c: VQA" in lines[3]
+    assert "fell beyond the paired noise in 1 of the 2 tested pairs (a)" in lines[5]
+    assert "prediction 6's (at most two) held; prediction 2 (at least three of four, least in the 1.5B model) was " \
+           "written for the frozen rate and cannot be judged as written; at the chosen rates it would have failed" in lines[5]
+    assert "prediction 3 (the primary test inconclusive) could not be judged (the test did not run)" in lines[5]
+    assert text.count("pass their preconditions") == 1                               # said once
+    three = {**panel, "base": {**panel["base"], "c": _ev(30, 30, S=0.5)}, "evals": {**panel["evals"],
+                                                                               ("c", 0, "vl"): _ev(29, 30)}}
+    r3 = ch11.pair_rows(three, 0, 48)
+    t3 = ch11.findings(r3, ch11.primary_of(r3), {"qwen2.5-coder-0.5b": 4e-4}, second_rate=4e-4,
+                       sensitivity=(r3, ch11.primary_of(r3)))
+    assert "is not judged: with 3 pairs no ordering can reach p < 0.05" in t3             # 1/6: it could not fail
+    assert "The rates chosen (qwen2.5-coder-0.5b 4e-4) agree with prediction 6's (both at 4e-4)." in t3
+    assert "Predictions 4 and 5 (the text-only and the random control) are not judged" in t3   # no control ran
+    assert t3.splitlines()[-1].startswith("- **Sensitivity analysis** (every model at one rate): inconclusive")
+    assert "a, the highest-S model, at that rate: strict instructions -25.0" in t3 and t3.endswith("failed.")
+    p1 = ch11.findings(r3, ch11.primary_of(r3), frozen=rows)
+    assert "Prediction 1 (every model learns the image task and keeps its knowledge) failed at the frozen rate (c did " \
+           "not;" in p1 and "at the rates this design chose, 3 of 3 pairs passed" in p1
+    none = ch11.findings(rows[rows.model == "c"], ch11.primary_of(rows[rows.model == "c"]))
+    assert none.splitlines()[-2].startswith("- No pair passed its preconditions, so predictions 2, 3 and 6")
+
+
+def test_the_base_evaluation_is_keyed_at_the_frozen_rate_whatever_rate_is_tried(tmp_path, monkeypatch):
+    """run_base(key_rate=...): the base model's cache key carries the recipe's rate, not the walk's, so a model
+    walked over two rates is evaluated once as base; without key_rate the pair's own rate keys it."""
+    import sinklib.adapt.pairs
+
+    seen = []
+    monkeypatch.setattr(sinklib.adapt.pairs, "evaluate_condition", lambda lm, pair, cond, **kw: seen.append(
+        (pair.params["lr_lm"], pair.params["lr_projector_stage2"])) or {})
+    pp = fourpanel.panel_params("m", "w", RECIPE, 0, image_size=48, stage1_steps=2, batch_size=2, lr_projector=0.01,
+                                schedule="constant", lr=4e-4)
+    fourpanel.run_base(None, pp, lambda: {}, key_rate=RECIPE["lr_lm"])
+    fourpanel.run_base(None, pp, lambda: {})
+    assert seen == [(RECIPE["lr_lm"], RECIPE["lr_lm"]), (4e-4, 4e-4)]
+    assert pp["lr_lm"] == 4e-4  # the pair's own parameters are not changed
+
+
+def test_the_recipe_comes_from_chapter_10_or_from_numbers_when_chapter_10_froze_none():
+    """recipe_of: chapter 10's frozen recipe with numbers replacing its values; after a chapter 10 run that froze
+    nothing (its quick profile) numbers stand alone, and "chapter10" is a clear error."""
+    method = {k: RECIPE[k] for k in ("lm_method", "lora_rank", "lora_alpha", "lora_targets")}
+    doc = {"results": {"lora_method": method, "lora_recipe": {"m": {"lr_lm": 2e-3, "stage2_steps": 2}}}}
+    assert fourpanel.recipe_of(doc, "chapter10", 7) == {**RECIPE, "stage2_steps": 7}
+    empty = {"results": {"lora_method": method, "lora_recipe": {"m": None}}}
+    alone = fourpanel.recipe_of(empty, 1e-3, 3)
+    assert alone["calibrated_on"] is None and alone["lr_lm"] == 1e-3 and alone["stage2_steps"] == 3
+    with pytest.raises(ResultsMissing, match="froze no LoRA recipe"):
+        fourpanel.recipe_of(empty, "chapter10", 3)
+
+
+def test_the_orderings_of_s_within_chapter_2s_noise_bound_the_test():
+    """s_orderings keeps the order of every pair whose S margin never flipped in chapter 2 and lets the others
+    swap; ordering_sentence gives the range of rho and the outcomes over them (the reviewer's recomputation of
+    chapter 11's main design: rho from -1.00 to -0.20, one ordering contradicted)."""
+    import pandas as pd
+
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    S = {"a": 0.7, "b": 0.0, "c": -0.09, "d": -0.10}
+    flips = {("b", "c"): 6, ("b", "d"): 11, ("c", "d"): 17}
+    margins = [{"a": x, "b": y, "cells": 25, "sign flips": flips.get((x, y), 0)}
+               for i, x in enumerate(S) for y in list(S)[i + 1:]]
+    orders = ch11.s_orderings(S, margins)
+    assert len(orders) == 6 and all(o[0] == "a" for o in orders)
+    margins[0]["sign flips"] = 1  # a and b may swap too
+    assert len(ch11.s_orderings(S, margins)) == 8   # a still above c and d
+    margins[0]["sign flips"] = 0
+    change = {"a": -5.0, "b": 0.3, "c": -3.9, "d": -0.3}
+    rows = pd.DataFrame({"model": list(S), "S": list(S.values()), "precondition": True,
+                         "VL: " + fourpanel.PRIMARY: [Est(change[m], -1, 1) for m in S]})
+    text = ch11.ordering_sentence(rows, margins)
+    assert "over the 6 orderings of S they allow, rho ranges from -1.00 to -0.20" in text
+    assert "inconclusive in 5, contradicted in 1" in text and "c and d (17 of 25 draws)" in text
+    assert ch11.ordering_sentence(rows.iloc[:2], margins).startswith("not computed")
+    assert ch11.ordering_sentence(rows, margins, name_flips=False).startswith("over the 6 orderings")
+
+
+def test_the_calibration_models_change_here_is_set_beside_chapter_10s():
+    import pandas as pd
+
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    p = {"lr_lm": 2e-3, "steps": 60, "VQA": 68.5, fourpanel.PRIMARY: -11.4, fourpanel.PRIMARY + " lo": -16.1,
+         fourpanel.PRIMARY + " hi": -6.9}
+    doc10 = {"results": {"lora_sweep": {"m": [dict(p, lr_lm=5e-4), p]}}}
+    rows = pd.DataFrame({"model": ["m"], "VQA": [55.0], "VL: " + fourpanel.PRIMARY: [Est(-5.0, -9.2, -0.8)]})
+    text = ch11.calibration_sentence(doc10, rows, {"calibrated_on": "m", "lr_lm": 2e-3, "stage2_steps": 60})
+    assert "(rate 2e-3, 60 steps) changed strict instructions by -11.4 [-16.1, -6.9] points in chapter 10" in text
+    assert "by -5.0 [-9.2, -0.8] here (VQA 55.0 %)" in text
+    assert ch11.calibration_sentence(doc10, rows, {"calibrated_on": "m", "lr_lm": 1e-3, "stage2_steps": 60}) == ""

@@ -235,8 +235,20 @@ def test_architecture_test_counts_within_group_orderings():
     assert a.n_within_orderings == 3 * 2 * 1 * 2 * 1 * 1
     assert a.min_attainable_p == pytest.approx(2 / 12)  # two-sided: no panel of this shape reaches 0.05
     assert a.df_resid_full == 6 - 4
-    assert 0 <= a.f_pvalue <= 1 and 0 <= a.lr_pvalue <= 1 and 0 < a.partial_p <= 1
+    assert 0 <= a.f_pvalue <= 1 and 0 < a.partial_p <= 1
+    assert math.isnan(a.lr_pvalue) and any("likelihood-ratio test is not reported" in c for c in a.caveats)
     assert any("cannot show" in c for c in a.caveats)
+
+
+def test_architecture_test_reports_lr_with_enough_residual_df():
+    n = 4 + P.LR_MIN_DF  # none / per_head / layerwise intercepts + S leave n - 4 residual degrees of freedom
+    rng = np.random.default_rng(0)
+    qk = (["none", "per_head", "layerwise"] * n)[:n]
+    df = P.validate_panel(pd.DataFrame({"pair": [f"p{i}" for i in range(n)], "vlm": "", "llm": "",
+                                        "S": rng.normal(size=n), "qk_norm": qk, "delta_ifeval": rng.normal(size=n),
+                                        "source": "toy"}))
+    a = P.architecture_test(df, "delta_ifeval")
+    assert a.df_resid_full == P.LR_MIN_DF and 0 <= a.lr_pvalue <= 1
 
 
 def test_architecture_test_collinear_and_single_group():

@@ -150,8 +150,9 @@ def rate(x: float) -> str:
 
 
 def _num(v: float, d: int) -> str:
-    s = f"{v:+.{d}f}"
-    return f"{0:.{d}f}" if float(s) == 0 else s  # no signed zeros
+    from sinklib.core.numbers import signed
+
+    return signed(v, d)  # no signed zeros
 
 
 def _cell(r: Mapping[str, Any], metric: str) -> str:

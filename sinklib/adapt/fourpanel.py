@@ -14,7 +14,8 @@ weights back from a checkpoint of its own instead of holding a copy (`Streamed`)
 
 The primary test (`primary_test`): across the four base models, Spearman's rho of base S against the VL change of
 the strict instruction pass rate (the mean over training seeds), one-sided in the paper's direction (higher S, less
-loss: rho > 0), exact over the 4! orderings; only a perfect ordering reaches p < 0.05 (p = 1/24).
+loss: rho > 0), exact over the n! orderings of the pairs that pass their preconditions: with four only a perfect
+ordering reaches p < 0.05 (p = 1/24), with three none can (1/6).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from sinklib.adapt.pairs import LazyStates, Pair
+from sinklib.adapt.primary import PRIMARY, primary_sentence, primary_test, primary_verdict  # noqa: F401 (re-exported)
 from sinklib.core.params import check_choice, check_int
 from sinklib.errors import ParameterError, ResultsMissing
 
@@ -32,12 +34,15 @@ from sinklib.errors import ParameterError, ResultsMissing
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 #: the trained conditions, in the order their jobs run after the primary test's
 KINDS = ("vl", "text_only")
-PRIMARY = "instructions strict"
 PHRASING = "field"
 #: how each model's stage-2 rate follows from the frozen recipe: 'frozen' (the same rate for all four: the
 #: pre-registered design) or 'recipe-scaled' (times the model's own full fine-tune rate over the calibration model's,
-#: `vl.recipe_for`: the amendment written after Gemma-3's first job failed its preconditions, session 41)
-LR_RULES = ("frozen", "recipe-scaled")
+#: `vl.recipe_for`: the amendment written after Gemma-3's first job failed its preconditions, session 41) or
+#: 'precondition-chosen' (the largest rate of a fixed grid at which the model passes the preconditions,
+#: `sinklib.adapt.ratechoice`: the second amendment, written after Qwen-0.5B's first job failed them, session 42)
+#: or 'common-rate' (every model at the grid's second rate, `ratechoice.common_rate`: the sensitivity analysis
+#: written in session 43, before either Qwen model's result at that rate)
+LR_RULES = ("frozen", "recipe-scaled", "precondition-chosen", "common-rate")
 
 
 def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
@@ -56,10 +61,18 @@ def frozen_recipe(doc10: Mapping[str, Any]) -> dict:
 
 def model_rate(name: str, recipe: Mapping[str, Any], lr_rule: str = "frozen") -> float:
     """One model's stage-2 rate under `lr_rule` (`LR_RULES`): the frozen rate, or (recipe-scaled) the frozen rate
-    times the model's full fine-tune rate over the calibration model's (`vl.recipe_for`; 1 without one)."""
+    times the model's full fine-tune rate over the calibration model's (`vl.recipe_for`; 1 without one), or
+    (common-rate) the rate grid's second rate for every model."""
     from sinklib import vl
 
     rule = check_choice("lr_rule", lr_rule, LR_RULES)
+    if rule == "precondition-chosen":
+        raise ParameterError("under lr_rule 'precondition-chosen' a model's rate is chosen by running it "
+                             "(sinklib.adapt.ratechoice.walk, in run_panel): give panel_params the rate (lr=)")
+    if rule == "common-rate":
+        from sinklib.adapt.ratechoice import common_rate
+
+        return common_rate(recipe)
     ref = recipe.get("calibrated_on")
     if rule == "frozen" or not ref:
         return float(recipe["lr_lm"])
@@ -69,14 +82,14 @@ def model_rate(name: str, recipe: Mapping[str, Any], lr_rule: str = "frozen") ->
 
 def panel_params(name: str, weights: str, recipe: Mapping[str, Any], seed: int, *, image_size: int,
                  stage1_steps: int, batch_size: int, lr_projector: float, schedule: str,
-                 lr_rule: str = "frozen") -> dict:
-    """The pair parameters of one model and training seed under the frozen recipe, at the model's rate under
-    `lr_rule` (`model_rate`; the projector trains at the LM's stage-2 rate, LLaVA-1.5's rule, as in chapter 10), in
+                 lr_rule: str = "frozen", lr: float | None = None) -> dict:
+    """The pair parameters of one model and training seed under the frozen recipe, at the rate `lr` or (None) the
+    model's rate under `lr_rule` (`model_rate`; the projector trains at the LM's stage-2 rate, LLaVA-1.5's rule, as in chapter 10), in
     the 'field' phrasing. A model whose rate the rule leaves unchanged has the same parameters under both rules."""
     from sinklib.adapt.pairs import pair_params
 
     lora = {k: recipe[k] for k in ("lm_method", "lora_rank", "lora_alpha", "lora_targets")}
-    lr = model_rate(name, recipe, lr_rule)
+    lr = model_rate(name, recipe, lr_rule) if lr is None else float(lr)
     return pair_params(name, weights=weights, seed=seed, image_size=image_size, stage1_steps=stage1_steps,
                        stage2_steps=recipe["stage2_steps"], batch_size=batch_size, lr_projector=lr_projector,
                        lr_lm=lr, lr_projector_stage2=lr, schedule=schedule, phrasing=PHRASING, **lora)
@@ -181,43 +194,19 @@ def run_condition(lm: Any, params: Mapping[str, Any], kind: str, base: Callable[
 
 
 def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False,
-             **evaluate_kwargs: Any) -> dict:
+             key_rate: float | None = None, **evaluate_kwargs: Any) -> dict:
     """The base model's evaluation, keyed by the pair's parameters without the LoRA keys (`calibrate.base_params`,
-    as chapter 10 pairs its LoRA series), VQA not measured."""
+    as chapter 10 pairs its LoRA series), VQA not measured. `key_rate` (the recipe's frozen rate) replaces the
+    stage-2 rates in the key, so one cached evaluation serves every rate a model's walk tries (the base model does
+    not depend on them: Gemma-3's evaluations keyed at 2e-3 and 4e-4 had the same per-item outcomes)."""
     from sinklib.adapt.calibrate import base_params
     from sinklib.adapt.pairs import evaluate_condition
 
-    pair = Pair(params=base_params(params), states=_pair(params, base, streamed=low_memory), projector=None,
-                encoder=None)
+    keyed = base_params(params)
+    if key_rate is not None:
+        keyed.update(lr_lm=float(key_rate), lr_projector_stage2=float(key_rate))
+    pair = Pair(params=keyed, states=_pair(params, base, streamed=low_memory), projector=None, encoder=None)
     return evaluate_condition(lm, pair, "base", **{**evaluate_kwargs, "vqa_n": 0})
-
-
-def primary_test(S: Mapping[str, float], change: Mapping[str, float]) -> dict:
-    """Spearman's rho of base S against the VL change of the primary metric (points, mean over seeds) across the
-    models of both mappings, with the exact one-sided permutation p (rho > 0, the paper's direction) and the
-    smallest p that n models allow. -> {'n', 'rho', 'p', 'p_min', 'models'}."""
-    from sinklib.stats.rank import spearman_permutation
-
-    models = [m for m in S if m in change and np.isfinite(S[m]) and np.isfinite(change[m])]
-    n = len(models)
-    if n < 3:
-        return {"n": n, "rho": float("nan"), "p": float("nan"), "p_min": float("nan"), "models": models}
-    r = spearman_permutation([S[m] for m in models], [change[m] for m in models], alternative="greater")
-    return {"n": n, "rho": float(r.rho), "p": float(r.p_value), "p_min": 1.0 / float(np.prod(range(1, n + 1))),
-            "models": models}
-
-
-def primary_sentence(t: Mapping[str, Any], level: float = 0.05) -> str:
-    """The primary test in words, with what n models can show."""
-    if t["n"] < 3:
-        of = f" of {t['of']}" if t.get("of") is not None else ""
-        return (f"not tested: {t['n']}{of} pairs pass their preconditions and have a base S and a VL change (the test "
-                "needs three or more)")
-    reach = ("only a perfect ordering can reach it" if t["p_min"] <= level < 2 * t["p_min"] else
-             "no ordering can reach it" if t["p_min"] > level else "")
-    return (f"Spearman rho of base S against the VL change of the strict instruction pass rate {t['rho']:+.2f} over "
-            f"{t['n']} models, one-sided exact p {t['p']:.3f} (the smallest p {t['n']} models allow: "
-            f"{t['p_min']:.3f}; at the {level:g} level {reach or 'several orderings can reach it'})")
 
 
 def vl_snapshot(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False):
@@ -310,50 +299,96 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
     """Every job of `jobs` in order (or only the primary test's), each model's base evaluation before its first
     job, one model in memory at a time (`low_memory` for the models of p['low_memory_models'], whose random control
     is made in place: `random_control_low`). Evaluations use item seed 0 for every training seed, so all are paired
-    on the same items. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind): evaluation}, 'random':
-    {model: `random_control`'s result}, 'params': {(model, seed): pair parameters}, 'seconds': {job: seconds},
-    'qk_norm': {model: its QK-norm type}}."""
+    on the same items. Under lr_rule 'precondition-chosen' a model's first VL job walks the rate grid
+    (`ratechoice.walk`, from p['grid_start'][model] or the top), its other jobs run at the chosen rate, and a model
+    for which no rate passes runs no other job. -> {'base': {model: evaluation}, 'evals': {(model, seed, kind):
+    evaluation}, 'random': {model: `random_control`'s result}, 'params': {(model, seed): pair parameters},
+    'seconds': {job: seconds}, 'qk_norm': {model: its QK-norm type}, 'walks': {model: `ratechoice.walk`'s rows}}."""
     import time
 
-    from sinklib.adapt.pairs import sink_settings
     from sinklib.core.data import load_prompts
     from sinklib.core.models import load_model
-    from sinklib.evals import counts
     from sinklib.evals.inputs import suite_inputs
 
-    randoms = list(p["models"]) if p["random_scales"] else []
+    rule, randoms = p.get("lr_rule", "frozen"), list(p["models"]) if p["random_scales"] else []
     todo = jobs(p["models"], p["seeds"], p["kinds"], randoms)
     if primary_only:
         todo = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
     prompts = load_prompts(p["n_prompts"], seed=0)
-    out: dict = {"base": {}, "evals": {}, "random": {}, "params": {}, "seconds": {}, "qk_norm": {}}
+    out: dict = {"base": {}, "evals": {}, "random": {}, "params": {}, "seconds": {}, "qk_norm": {}, "walks": {}}
     lm = base = None
     for i, (name, seed, kind) in enumerate(todo):
         low = name in p["low_memory_models"]
+        if rule == "precondition-chosen" and name in out["walks"] and _chosen(out, name) is None:
+            continue  # no rate of the grid passed: the model runs no other job
         if lm is None or lm.name != name:
             lm = base = None  # one model in memory at a time
             lm = load_model(name, device=p["device"])
-        pp = panel_params(name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
-                          stage1_steps=p["stage1_steps"], batch_size=p["batch_size"],
-                          lr_projector=p["lr_projector"], schedule=p["schedule"], lr_rule=p.get("lr_rule", "frozen"))
-        base = base or base_source(lm, pp, low_memory=low)
-        kw = dict(eval_n=counts(p), seed=0, prompts=prompts, vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"],
-                  sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
-        if name not in out["base"]:
-            out["base"][name] = run_base(lm, pp, base, low_memory=low, **kw)
-            out["qk_norm"][name] = lm.qk_norm
+        kw = _eval_kwargs(lm, p, prompts)
+        out["qk_norm"][name] = lm.qk_norm
         t0 = time.perf_counter()
-        if kind == "random":
-            out["random"][name] = (random_control_low if low else random_control)(lm, pp, base, p["random_scales"], seqs=suite_inputs(
-                lm.tokenizer, "perplexity", p["eval_perplexity"], seed=0), **kw)
+        if rule == "precondition-chosen" and name not in out["walks"]:
+            base = base or base_source(lm, _params_at(lm, p, recipe, seed, recipe["lr_lm"]), low_memory=low)
+            pp = _walk(lm, p, recipe, seed, base, low, kw, out)
         else:
-            out["evals"][(name, seed, kind)] = run_condition(lm, pp, kind, base, low_memory=low,
-                                                             progress=p["show_progress"], **kw)
+            pp = _params_at(lm, p, recipe, seed, _chosen(out, name) if rule == "precondition-chosen" else None)
+            base = base or base_source(lm, pp, low_memory=low)
+            if name not in out["base"]:
+                out["base"][name] = run_base(lm, pp, base, low_memory=low, key_rate=recipe["lr_lm"], **kw)
+            if kind == "random":
+                out["random"][name] = (random_control_low if low else random_control)(
+                    lm, pp, base, p["random_scales"],
+                    seqs=suite_inputs(lm.tokenizer, "perplexity", p["eval_perplexity"], seed=0), **kw)
+            else:
+                out["evals"][(name, seed, kind)] = run_condition(lm, pp, kind, base, low_memory=low,
+                                                                 progress=p["show_progress"], **kw)
         out["seconds"][(name, seed, kind)] = time.perf_counter() - t0
         out["params"][(name, seed)] = pp
         if log:
-            log(f"job {i + 1}/{len(todo)}: {name} seed {seed} {kind} ({out['seconds'][(name, seed, kind)]:.0f} s)")
+            log(f"job {i + 1}/{len(todo)}: {name} seed {seed} {kind} at rate {pp['lr_lm']:.3g} "
+                f"({out['seconds'][(name, seed, kind)]:.0f} s)")
     return out
+
+
+def _eval_kwargs(lm: Any, p: Mapping[str, Any], prompts: list[str]) -> dict:
+    from sinklib.adapt.pairs import sink_settings
+    from sinklib.evals import counts
+
+    return dict(eval_n=counts(p), seed=0, prompts=prompts, vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"],
+                sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
+
+
+def _params_at(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, lr: float | None) -> dict:
+    return panel_params(lm.name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
+                        stage1_steps=p["stage1_steps"], batch_size=p["batch_size"], lr_projector=p["lr_projector"],
+                        schedule=p["schedule"], lr_rule=p.get("lr_rule", "frozen"), lr=lr)
+
+
+def _chosen(out: Mapping[str, Any], name: str) -> float | None:
+    from sinklib.adapt import ratechoice
+
+    return ratechoice.chosen(out["walks"][name])
+
+
+def _walk(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, base: Callable[[], dict],
+          low: bool, kw: Mapping[str, Any], out: dict) -> dict:
+    """One model's rate walk (`ratechoice.walk`): at each rate its VL job first (the training, which must finish
+    within one session, before the base evaluation), then its base evaluation; the chosen (or last) rate's pair
+    becomes the panel's. -> that rate's pair parameters."""
+    from sinklib.adapt import ratechoice
+
+    name, made = lm.name, {}
+
+    def run_at(rate: float) -> tuple[dict, dict]:
+        pp = made[rate] = _params_at(lm, p, recipe, seed, rate)
+        ev = run_condition(lm, pp, "vl", base, low_memory=low, progress=p["show_progress"], **kw)
+        return run_base(lm, pp, base, low_memory=low, key_rate=recipe["lr_lm"], **kw), ev
+
+    tried = ratechoice.walk(name, recipe, run_at, seed=seed, image_size=p["image_size"],
+                            start=p.get("grid_start", {}).get(name, 0))
+    out["walks"][name] = tried
+    out["base"][name], out["evals"][(name, seed, "vl")] = tried[-1]["base"], tried[-1]["vl"]
+    return made[tried[-1]["rate"]]
 
 
 #: a chapter-11 parameter that takes chapter 10's frozen value
@@ -366,13 +401,16 @@ def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) ->
     frozen value). Without chapter 10's results both must be numbers, and the LoRA method is `vl.lora`'s default."""
     from sinklib import vl
 
-    if doc10 is None:
-        if FROM_CHAPTER10 in (lr_lm, stage2_steps):
-            raise ResultsMissing("chapter 10's results are needed for its frozen recipe: run notebooks/10_calibration"
-                                 ".ipynb first, or give lr_lm and stage2_steps as numbers")
-        base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
-    else:
+    needs10 = FROM_CHAPTER10 in (lr_lm, stage2_steps)
+    try:
+        if doc10 is None:
+            raise ResultsMissing("chapter 10's results are needed for its frozen recipe: run "
+                                 "notebooks/10_calibration.ipynb first, or give lr_lm and stage2_steps as numbers")
         base = frozen_recipe(doc10)
+    except ResultsMissing:  # no results, or chapter 10 froze nothing (its quick profile): numbers stand alone
+        if needs10:
+            raise
+        base = {"calibrated_on": None, **vl.check_lm_method("lora").params()}
     out = dict(base)
     if lr_lm != FROM_CHAPTER10:
         out["lr_lm"] = float(lr_lm)
@@ -383,6 +421,7 @@ def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) ->
 
 def _params() -> dict:
     from sinklib import vl
+    from sinklib.adapt.ratechoice import check_grid_start
     from sinklib.core.models import MODEL_PARAMS
     from sinklib.core.params import COMMON, boolean, choice, integer, list_of, number, text
     from sinklib.core.sink import prompt_count
@@ -395,6 +434,7 @@ def _params() -> dict:
             "low_memory_models": list_of(text(), min_len=0), "random_scales": list_of(number(0.01, 1000.0), min_len=0), "image_size": lambda _, v: vl.check_image_size(v),
             "stage1_steps": integer(0, 10**6), "batch_size": integer(1, 4096), "lr_projector": number(0.0, 1.0),
             "schedule": choice(vl.SCHEDULES), "lr_lm": or_ch10(number(1e-9, 1.0)), "lr_rule": choice(LR_RULES),
+            "grid_start": check_grid_start, "primary_only": boolean(), "sensitivity": boolean(), "stopped_models": list_of(text(), min_len=0),
             "stage2_steps": or_ch10(integer(1, 10**6)), "n_prompts": prompt_count,
             "last_k_layers": integer(1, 1000), "max_tokens": integer(8, 8192), "vqa_n": integer(1, 100_000),
             **COUNT_PARAMS, "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}
@@ -405,5 +445,5 @@ CHAPTER11_PARAMS = _params()
 
 
 __all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "LR_RULES", "model_rate", "frozen_recipe", "panel_params", "jobs", "checkpointing",
-           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_sentence",
+           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_verdict", "primary_sentence",
            "random_control", "random_control_low", "base_dir", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]

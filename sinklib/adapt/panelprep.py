@@ -52,12 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", help="only these of the chapter's models (to fit a job into what is left "
                     "of a session: the 1.5B model's VL job alone takes about 2.5-3 h)")
     ap.add_argument("--seeds", nargs="+", type=int, help="only these of the chapter's training seeds")
+    ap.add_argument("--lr-rule", choices=fourpanel.LR_RULES, help="another design's rates (for example "
+                    "'common-rate', the sensitivity analysis); default: the chapter's lr_rule")
     args = ap.parse_args(argv)
     p = subset(chapter_params(args.profile), models=args.models, seeds=args.seeds)
+    if args.lr_rule:
+        p["lr_rule"] = args.lr_rule
     recipe = fourpanel.recipe_of(load_results("10_calibration"), p["lr_lm"], p["stage2_steps"])
-    print(f"chapter 11 ({args.profile}): models {', '.join(p['models'])}, seeds {p['seeds']}, recipe {recipe}",
+    print(f"chapter 11 ({args.profile}, {p['lr_rule']}): models {', '.join(p['models'])}, seeds {p['seeds']}, "
+          f"recipe {recipe}",
           flush=True)
-    fourpanel.run_panel(p, recipe, primary_only=args.primary_only, log=lambda m: print(m, flush=True))
+    fourpanel.run_panel(p, recipe, primary_only=args.primary_only or p["primary_only"],
+                        log=lambda m: print(m, flush=True))
     return 0
 
 

@@ -25,7 +25,8 @@ from sinklib.errors import ParameterError, ResultsMissing
 SESSIONS: dict[str, list[str]] = {
     "Session 1: what a sink is and how to measure it": ["01", "02", "03"],
     "Session 2: adaptation, the panel and the repairs": ["04", "05", "06"],
-    "Session 3 (optional): a controlled panel, and switching the sink off": ["07", "08", "09", "10"],
+    "Session 3 (optional): a controlled panel, switching the sink off, and the real-model panel": ["07", "08", "09", "10",
+                                                                                                   "11"],
 }
 SESSION_MINUTES = 90
 RESULTS_NAME = "course_times"
@@ -41,13 +42,16 @@ def session_of(chapter: str) -> str:
 
 def measure(profile: str = "quick", only: list[str] | None = None) -> dict:
     """Run every notebook (or the chapters `only`, by number or name) twice (cold caches, then warm) in temporary
-    folders; seconds per notebook."""
+    folders; seconds per notebook. Chapters timed alone read the committed results of the chapters they read
+    (`READS_RESULTS_OF`) that are not timed with them."""
     from sinklib.book import runner as book
     from sinklib.core.models import cache_dir
 
     names = book.select(only) if only else book.notebook_names()
     for n in names:
         session_of(n)  # every chapter must be in a session before we spend minutes on it
+    committed = book.results_dir()  # a chapter timed alone reads the committed results of the chapters it reads
+    reads = {d for n in names for d in book.READS_RESULTS_OF.get(n, ()) if d not in names}
     saved = {k: os.environ.get(k) for k in ("SINKBOOK_CACHE", "SINKBOOK_RESULTS")}
     runs: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sinkbook-course-") as tmp:
@@ -62,6 +66,9 @@ def measure(profile: str = "quick", only: list[str] | None = None) -> dict:
             for label in ("first run", "rerun"):
                 results = tmp / f"results-{label.replace(' ', '-')}"
                 results.mkdir()
+                for d in reads:
+                    if (committed / f"{d}.json").exists():
+                        shutil.copy(committed / f"{d}.json", results / f"{d}.json")
                 os.environ["SINKBOOK_RESULTS"] = str(results)
                 runs[label] = book.run(profile, only=names if only else None,
                                        out=tmp / f"chapters-{label.replace(' ', '-')}")

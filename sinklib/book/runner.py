@@ -47,9 +47,10 @@ def notebook_names() -> list[str]:
 #: are executed together: chapter 5 reads chapter 4's pairs and chapter 7's controlled panel
 #: (`panel_schema.PANEL_KEYS`); chapter 8 reads chapter 4's pairs; chapter 9 re-reads chapter 7's panel
 READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
-    "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel"),
+    "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel", "11_four_panel"),
     "08_causal_tests": ("04_vl_adaptation",),
     "09_sink_panel": ("07_controlled_panel",),
+    "11_four_panel": ("02_sink_strength", "10_calibration"),
 }
 
 

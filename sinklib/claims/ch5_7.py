@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
-from sinklib.claims.core import CH5, CH7, Row, claim, not_testable
+from sinklib.claims.core import CH5, CH7, CH11, INTERIM, Row, claim, not_testable
+from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, decide, est, fisher_diff, num
+
 
 
 @claim("4b", "Remark 1: layerwise QK-RMSNorm compresses weak heads", (), CH7)
@@ -57,6 +59,12 @@ def tiny_text_only(res):
 def predicts(res):
     from sinklib.stats.schema import STRICT_TASK
 
+    try:
+        r11 = res(CH11)["results"]
+    except ResultsMissing:  # chapter 11 not run yet: the pairs chapter 5 pools decide
+        r11 = None
+    if r11 and r11.get("primary"):
+        return _four_panel(r11)
     r = res(CH5)["results"]
     rho = next(x for x in r["measured_rho"] if x["task"] == STRICT_TASK)
     lopo = next(x for x in r["measured_lopo"] if x["task"] == STRICT_TASK)
@@ -69,6 +77,39 @@ def predicts(res):
     ours = (f"ρ = {est(e, 2)} (n = {rho['n']}, Fisher interval)", f"LOPO {lopo['mae_model']:.2f} vs "
             f"{lopo['mae_constant']:.2f} pt" if lopo["mae_model"] is not None else "LOPO: too few pairs", ctx)
     return Row(ours, *decide(e, +1, quantity=f"the Fisher interval of ρ on {rho['n']} measured pairs"))
+
+
+#: chapter 11's designs in words, by its `lr_rule`
+_DESIGNS = {"frozen": "the pre-registered design, one rate for all", "recipe-scaled": "its first amendment, rates "
+            "scaled by each model's recipe rate", "precondition-chosen": "its second amendment, each model's rate "
+            "chosen by its preconditions alone, written after three pairs were seen"}
+
+
+def _four_panel(r: dict) -> Row:
+    """Row 7a on chapter 11's four-model panel: its primary test (Spearman's rho of base S against the VL change of
+    strict instructions, one-sided exact) decides by the book's rule (`fourpanel.primary_verdict`); the designs it
+    stopped are named with their own outcomes."""
+    from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
+
+    t, rule = r["primary"], r.get("lr_rule", "frozen")
+    v = primary_verdict(t)
+    said = (f"ρ = {num(t['rho'], 2)} over {t['n']} real models, one-sided exact p = {t['p']:.3f}"
+            if t["n"] >= 3 and not t.get("constant") else primary_sentence(t))
+    look = "; an interim look at the first training seed only" if r.get("interim") else ""
+    stopped = "; ".join(f"{_DESIGNS[k].split(',')[0]}: {primary_verdict(d['primary']).outcome}"
+                        for k, d in (r.get("stopped") or {}).items())
+    sens = r.get("sensitivity")
+    st = sens["primary"] if sens else None
+    n = next((x["n"] for b in (r.get("base") or {}).values() for x in b["scores"] if (x["suite"], x["metric"]) ==
+              ("instructions", "strict")), None)
+    suite = f"{n}-item instruction suite" if n else "instruction suite"
+    ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look}; the change is the strict pass rate of chapter 11's "
+             f"{suite})",) + ((f"stopped designs: {stopped}",) if stopped else ())
+            + ((f"sensitivity analysis, every model at one rate: ρ = {num(st['rho'], 2)}, one-sided exact p = "
+                f"{st['p']:.3f}, {primary_verdict(st).outcome}",) if sens else ()))
+    why = (f"{INTERIM} (the first training seed, no controls; the confirmatory look may change the verdict): "
+           if r.get("interim") else "") + v.why
+    return Row(ours, v.outcome, why)
 
 
 four_tasks = not_testable("7b", "ρ ≥ 0.82 on each of four format-sensitive tasks (IFEval, EQ-Bench, GSM8K-CoT, GPQA-Diamond-CoT)",

@@ -18,12 +18,16 @@ from sinklib.book import runner as _book
 from sinklib.errors import ResultsMissing
 from sinklib.book.reported import reported_values
 from sinklib.core.resources import checkout_root
-from sinklib.stats.verdicts import (INTERVALS, NOT_RUN, NOT_TESTED, RULES, VERDICTS, Est, combine, diff, mean,
-    wilson_pct)
+from sinklib.evals.pooling import (delta, gap, outcomes_of, paired_change, paired_delta, pooled,  # noqa: F401
+                                   pooled_gap, score, seed_conditions)
+from sinklib.stats.verdicts import INTERVALS, NOT_RUN, NOT_TESTED, RULES, VERDICTS, combine, wilson_pct
 
 #: the chapters' notebook stems
 CH4, CH5, CH6, CH7, CH8 = ("04_vl_adaptation", "05_panel_correlations", "06_negative_controls", "07_controlled_panel",
                            "08_causal_tests")
+CH11 = "11_four_panel"
+#: how the reason of a row decided on an interim look begins (its verdict may change at the confirmatory look)
+INTERIM = "interim look"
 
 
 @dataclass(frozen=True)
@@ -91,108 +95,6 @@ def strict_metrics() -> tuple[str, ...]:
     return STRICT_METRICS
 
 
-def score(doc: dict, model: str, cond: str, metric: str) -> Est:
-    """Chapter 4's score of `model` under `cond` for a metric 'suite metric', with its stored interval."""
-    suite, m = metric.split(" ", 1)
-    for r in doc["results"]["scores"]:
-        if (r["model"], r["condition"], r["suite"], r["metric"]) == (model, cond, suite, m):
-            return Est(r["score"], r["lo"], r["hi"])
-    raise KeyError(f"{CH4}: no score for {model} / {cond} / {metric}")
-
-
-def outcomes_of(doc: dict, model: str, cond: str) -> dict | None:
-    """The per-item outcomes a chapter stored for (model, condition), or None when it stored none."""
-    return doc["results"].get("outcomes", {}).get(model, {}).get(cond)
-
-
-def paired_change(a_out: dict | None, b_out: dict | None, metrics) -> tuple[float, object] | None:
-    """(point, bootstrap draws) of a - b of the mean of `metrics` on the shared items, from two per-item outcome
-    records (`sinklib.evals.paired`); None when either record is missing (the caller falls back to MOVER)."""
-    from sinklib.evals import paired
-
-    return None if a_out is None or b_out is None else paired.change(b_out, a_out, list(metrics))
-
-
-def paired_delta(a_out: dict | None, b_out: dict | None, metrics) -> Est | None:
-    """`paired_change` as a point value with its interval, or None."""
-    from sinklib.evals import paired
-
-    d = paired_change(a_out, b_out, metrics)
-    return None if d is None else paired.estimate(*d)
-
-
-def _draws(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[float, object] | None:
-    return paired_change(outcomes_of(doc, model, cond), outcomes_of(doc, model, ref), metrics)
-
-
-def delta(doc: dict, model: str, cond: str, ref: str, metrics) -> Est:
-    """cond minus ref of the mean of `metrics` ('suite metric'), in points: a paired bootstrap interval over
-    the shared items when the doc holds per-item outcomes of both, else the MOVER interval of the scores."""
-    e = paired_delta(outcomes_of(doc, model, cond), outcomes_of(doc, model, ref), metrics)
-    if e is not None:
-        return e
-    return diff(mean(*(score(doc, model, cond, m) for m in metrics)), mean(*(score(doc, model, ref, m) for m in metrics)))
-
-
-def seed_conditions(doc: dict, model: str, cond: str) -> list[str]:
-    """`cond` and its extra training seeds ('vl', 'vl seed 1', ...) that hold per-item outcomes."""
-    outs = doc["results"].get("outcomes", {}).get(model, {})
-    return [c for c in outs if c == cond or c.startswith(f"{cond} seed ")]
-
-
-def _seed_draws(doc: dict, model: str, cond: str, ref: str, metrics):
-    """(points [seeds], bootstrap draws [seeds, n_boot]) of cond minus ref per training seed, each paired on its
-    items (a seed of `ref` pairs with the same seed of `cond`; 'base' is one model); None without outcomes."""
-    import numpy as np
-
-    conds = seed_conditions(doc, model, cond)
-    if not conds or outcomes_of(doc, model, ref) is None:
-        return None
-    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
-    got = [paired_change(outcomes_of(doc, model, c), outcomes_of(doc, model, r), metrics)
-           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
-    return np.asarray([g[0] for g in got]), np.asarray([g[1] for g in got])
-
-
-def _pool(pts, draws, n_boot_seed: int = 0) -> Est:
-    """The mean over seeds, its interval resampling the items (the draws' shared indices) and the seeds."""
-    import numpy as np
-
-    from sinklib.evals import paired
-
-    pick = np.random.default_rng(n_boot_seed).integers(0, len(draws), size=(draws.shape[1], len(draws)))
-    return paired.estimate(float(np.mean(pts)), draws[pick, np.arange(draws.shape[1])[:, None]].mean(1))
-
-
-def pooled(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[Est, int]:
-    """(cond minus ref of the mean of `metrics`, pooled over the training seeds, and the number of seeds). Each
-    seed's change is paired on the shared items; the pooled point is their mean, and its interval resamples the
-    items (the same indices for every seed, `sinklib.evals.paired`) and the seeds (with replacement), so it holds
-    the seed spread too. Without per-item outcomes: `delta` (seed 0, MOVER)."""
-    sd = _seed_draws(doc, model, cond, ref, metrics)
-    return (delta(doc, model, cond, ref, metrics), 1) if sd is None else (_pool(*sd), len(sd[0]))
-
-
-def pooled_gap(doc: dict, model: str, cond: str, ref: str, metrics_a, metrics_b) -> Est:
-    """The change of `metrics_a` minus the change of `metrics_b` (same conditions), pooled over training seeds as
-    in `pooled`; `gap` (seed 0) without per-item outcomes."""
-    a, b = _seed_draws(doc, model, cond, ref, metrics_a), _seed_draws(doc, model, cond, ref, metrics_b)
-    if a is None or b is None:
-        return gap(doc, model, (cond, ref, metrics_a), (cond, ref, metrics_b))
-    return _pool(a[0] - b[0], a[1] - b[1])
-
-
-def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
-    """delta(*a) minus delta(*b) (each (cond, ref, metrics)): paired draws where per-item outcomes exist (the
-    two changes' suites resampled as in `sinklib.evals.paired`), MOVER otherwise."""
-    from sinklib.evals import paired
-
-    da, db = _draws(doc, model, *a), _draws(doc, model, *b)
-    if da is not None and db is not None:
-        return paired.estimate(da[0] - db[0], da[1] - db[1])
-    return diff(delta(doc, model, *a), delta(doc, model, *b))
-
-
 def power_note(suites: dict[str, tuple[int, float]]) -> str:
     """'smallest fall these suites detect ...' for {metric: (items, base pass rate in %)}, computed with
     `sinklib.evals.power` (paired McNemar, 80 % power, 5 % level, 5 % background flips: chapter 4's power table)."""
@@ -223,6 +125,13 @@ class Evaluated:
     row: Row
     models: list[str] = field(default_factory=list)
     profile: str = ""
+    read: list[str] = field(default_factory=list)   # the notebooks whose results decided the row, in reading order
+
+    @property
+    def decided_by(self) -> list[str]:
+        """The chapters whose results decided the row when its own chapter's did not (row 7a on chapter 11's
+        panel): they show it too."""
+        return [] if not self.read or self.claim.chapter in self.read else self.read
 
 
 def evaluate(c: Claim) -> Evaluated:
@@ -235,7 +144,7 @@ def evaluate(c: Claim) -> Evaluated:
     provs = [d.get("provenance") or {} for d in res.docs.values()]
     models = list(dict.fromkeys(m.get("name", "?") if isinstance(m, dict) else str(m)
                                 for p in provs for m in p.get("models", [])))
-    return Evaluated(c, row, models, ", ".join(sorted({str(p.get("profile", "?")) for p in provs})))
+    return Evaluated(c, row, models, ", ".join(sorted({str(p.get("profile", "?")) for p in provs})), list(res.docs))
 
 
 def paper_text(c: Claim) -> str:
@@ -269,6 +178,10 @@ def multiplicity(evaluated: list[Evaluated]) -> str:
             "doses) are reported, never used to pick a verdict.")
 
 
+def _link(chapter: str) -> str:
+    return f"{{doc}}`ch. {chapter[:2].lstrip('0')} </book/chapters/{chapter}>`"
+
+
 def render(evaluated: list[Evaluated]) -> str:
     out = ["% generated by `python -m sinklib.claims` from data/results/ and data/paper_reported_values.csv: "
            "do not edit", "", "**Verdict rules** (one function, `sinklib.stats.verdicts.decide`, for every row):", ""]
@@ -280,7 +193,8 @@ def render(evaluated: list[Evaluated]) -> str:
             "* - #", "  - verdict", "  - claim (as reported for the paper)", "  - paper", "  - ours, and why the verdict"]
     for e in evaluated:
         c, r = e.claim, e.row
-        where = (f"{{doc}}`ch. {c.chapter[:2].lstrip('0')} </book/chapters/{c.chapter}>`" if c.chapter else "no chapter")
+        where = " · decided by ".join(", ".join(_link(ch) for ch in chs) for chs in ([c.chapter], e.decided_by) if chs)
+        where = where if c.chapter else "no chapter"
         meta = " · ".join(x for x in (where, ", ".join(e.models), f"profile {e.profile}" if e.profile else "") if x)
         ours = ((f"*Not measured*: {r.reason}",) if r.ours == ("—",) and r.reason else
                 r.ours + ((f"*Why*: {r.reason}",) if r.reason else ()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinklib.claims.core import CH4, CH7, CH8, Evaluated, Results, pooled, strict_metrics, tally_text
+from sinklib.claims.core import CH4, CH7, CH8, CH11, INTERIM, Evaluated, Results, pooled, strict_metrics, tally_text
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, est, num, t_interval
 
@@ -46,11 +46,29 @@ def vl_format(res: Results) -> str:
     ks = {m: pooled(doc, m, "vl", "base", ("knowledge acc",))[0] for m in fs}
     parts = [f"{m} {est(fs[m])} points (knowledge {est(ks[m])})" for m in fs]
     lost = [m for m, e in fs.items() if e.hi < 0]
-    head = (f"Our miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
-            if lost else "Our miniature vision-language adaptation cost no detectable strict-format skill in "
+    head = (f"Chapter 4's miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
+            if lost else "Chapter 4's miniature vision-language adaptation cost no detectable strict-format skill in "
             f"{'both' if len(fs) == 2 else f'the {len(fs)}'} real models")
     return (f"{head}: the strict-format change, pooled over the training seeds, is {' and '.join(parts)}; "
             f"{_side(list(fs.values()))}.")
+
+
+def four_panel(res: Results) -> str:
+    """Chapter 11's panel in words (`claims.ch11.short_summary`), when three or more pairs passed."""
+    from sinklib.claims.ch11 import rows_of, short_summary
+
+    r = res(CH11)["results"]
+    rows, sens = rows_of(r["pairs"]), r.get("sensitivity")
+    if int(rows.precondition.sum()) < 3:
+        return ""
+    s = (rows_of(sens["pairs"]), sens["primary"], sens["rate"]) if sens and sens.get("pairs") else None
+    frozen = [p for p in ((r.get("stopped") or {}).get("frozen") or {}).get("pairs", [])]
+    history = (f" The recipe's frozen rate had destroyed {sum(not p['precondition'] for p in frozen)} of the first "
+               f"{len(frozen)} models (they did not learn the image task or lost knowledge), so this design, which "
+               "chooses each model's rate by those preconditions, was written after those pairs had been seen."
+               if frozen and not all(p["precondition"] for p in frozen) else "")
+    return f"On {len(rows)} real models (chapter 11): " + short_summary(
+        rows, r["primary"], r["rates"], interim=r.get("interim", False), sensitivity=s, minus="−") + history
 
 
 def text_only(res: Results) -> str:
@@ -58,7 +76,7 @@ def text_only(res: Results) -> str:
     es = {m: pooled(doc, m, "text_only", "base", strict_metrics())[0] for m in _models(doc)}
     parts = [f"{m} {est(e)}" for m, e in es.items()]
     lost = all(e.hi < 0 for e in es.values())
-    return (f"Ordinary text-only fine-tuning to the same end {'did' if lost else 'did not clearly'} cost format: "
+    return (f"In chapter 4, ordinary text-only fine-tuning to the same end {'did' if lost else 'did not clearly'} cost format: "
             f"{' and '.join(parts)} points ({_side(list(es.values()))})." +
             (" The paper's control has text-only training lose nothing, so here the loss is not specific to "
              "vision-language training." if lost else ""))
@@ -221,11 +239,15 @@ FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_
 
 
 def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
-    v = {e.claim.id: e.row.verdict for e in evaluated}
+    v = {e.claim.id: e.row.verdict + (" (on an interim look)" if e.row.reason.startswith(INTERIM) else "")
+         for e in evaluated}
     named = (("5a", "VL adaptation erodes format but not knowledge"), ("6a", "text-only training is harmless"),
              ("6c", "S falls under VL"), ("7a", "S predicts the loss across pairs"))
     parts = [f"{what} (row {i}): **{v[i]}**" for i, what in named if i in v]
-    return "What this means for the paper, claim by claim: " + "; ".join(parts) + "."
+    interim = sum(e.row.reason.startswith(INTERIM) for e in evaluated)
+    return ("What this means for the paper, claim by claim: " + "; ".join(parts) + "."
+            + (f" {interim} row(s) rest on an interim look, whose verdict the confirmatory look may change." if interim
+               else ""))
 
 
 def _untested(evaluated: list[Evaluated]) -> str:
@@ -237,8 +259,8 @@ def _untested(evaluated: list[Evaluated]) -> str:
 
 def bottom_line(evaluated: list[Evaluated]) -> str:
     res = Results()
-    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, text_only, s_trajectory, bos_ablation)]
-    sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}.", _untested(evaluated),
+    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, four_panel, text_only, s_trajectory, bos_ablation)]
+    sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}. {_untested(evaluated)}".rstrip(),
                   _verdicts_sentence(evaluated)]
     return "\n\n".join(s for s in sentences if s)
 
@@ -256,11 +278,11 @@ CHAPTER_FINDINGS: dict[str, tuple[Callable[[Results], str], ...]] = {
 
 
 def chapter_found(stem: str, evaluated: list[Evaluated]) -> str:
-    """A chapter's "What we found": the verdict of each claim row it tests, in the claims page's words, and the
-    chapter's other findings; every number read from data/results/."""
+    """A chapter's "What we found": the verdict of each claim row it tests or whose test its results decided, in
+    the claims page's words, and the chapter's other findings; every number read from data/results/."""
     res, lines = Results(), []
-    for e in (e for e in evaluated if e.claim.chapter == stem):
-        body = " ".join(o for o in e.row.ours if o != "—")
+    for e in (e for e in evaluated if stem == e.claim.chapter or stem in e.decided_by):
+        body = "; ".join(o for o in e.row.ours if o != "—")
         why = f" Why: {e.row.reason}" if e.row.reason else ""
         lines.append(f"- **Row {e.claim.id}, {e.row.verdict}.** {e.claim.text}. {body}{why}".rstrip())
     lines += [f"- {x}" for x in (_safe(fn, res) for fn in CHAPTER_FINDINGS.get(stem, ())) if x]

@@ -104,7 +104,7 @@ def summary_tables(summary: dict[str, pd.DataFrame], tasks: Sequence[str] | None
                          "partial rho": nums(a.partial_rho), "partial p": nums(a.partial_p),
                          "smallest possible p": nums(a.min_attainable_p), "note": a["note"].fillna("")})
     return [("Spearman rho, permutation p-value and intervals",
-             tables(_drop_empty(rho), "p: permutation p-value; p method: how it was computed; CI: intervals for rho")),
+             tables(_drop_empty(rho), "p: two-sided permutation p-value; p method: how it was computed; CI: intervals for rho")),
             ("Leave-one-pair-out mean absolute error (points)",
              tables(_drop_empty(lopo), "MAE, S: predicting each pair's change from S fitted on the others; constant: "
                                        "the mean of the others")),

@@ -29,7 +29,7 @@ from sinklib.stats.schema import (PAPER_CSV, PANEL_KEYS, REQUIRED_COLUMNS, STRIC
     TINY_STRICT_TASK, collect_panel_rows, read_panel, task_column, task_columns, task_name, usable, validate_panel)
 from sinklib.core.params import COMMON, check_str, integer, list_of, number, text
 
-from sinklib.stats.architecture import ArchitectureResult, architecture_test, partial_spearman
+from sinklib.stats.architecture import LR_MIN_DF, ArchitectureResult, architecture_test, partial_spearman
 from sinklib.stats.rank import (PermutationResult, SpearmanResult, bootstrap_ci,
     d2_from_rho, fisher_ci, pvalue_from_null, rho_from_d2, rho_null, simulate_rho, spearman, spearman_permutation,
     tie_configurations)
@@ -198,8 +198,8 @@ def measured_statistic(summary: dict[str, pd.DataFrame] | None, stat: str, tasks
         return "n/a: no task columns"
     if stat == "rho":
         r = rho_t.loc[task]
-        return (f"{r['rho']:.3f} (n = {r['n']}, {task_name(task)}, p = {r['p_value']:.3g})" if np.isfinite(r["rho"])
-                else f"n/a: {r['note']}")
+        return (f"{r['rho']:.3f} (n = {r['n']}, {task_name(task)}, two-sided p = {r['p_value']:.3g})"
+                if np.isfinite(r["rho"]) else f"n/a: {r['note']}")
     r = lopo_t.loc[task]
     return (f"{r['mae_model']:.2f} pt vs {r['mae_constant']:.2f} pt (n = {r['n']}, {task_name(task)})"
             if np.isfinite(r["mae_model"]) else f"n/a: {r['note']}")
@@ -242,5 +242,5 @@ __all__ = [
     "collect_panel_rows", "usable", "rho_from_d2", "d2_from_rho", "PermutationResult", "spearman_permutation",
     "rho_null", "pvalue_from_null", "fisher_ci", "bootstrap_ci", "SpearmanResult", "spearman",
     "tie_configurations", "simulate_rho", "LopoResult", "lopo", "constant_lopo_mae", "per_task",
-    "partial_spearman", "ArchitectureResult", "architecture_test", "availability", "panel_summary",
+    "partial_spearman", "LR_MIN_DF", "ArchitectureResult", "architecture_test", "availability", "panel_summary",
 ]

@@ -97,7 +97,10 @@ def decide(e: Est | None, sign: int = +1, *, quantity: str = "the interval", not
 
 
 def num(x: float, d: int = 1, sign: bool = True) -> str:
-    return format(x, f"{'+' if sign else ''}.{d}f").replace("-", "−")
+    """`x` with `d` decimals and the typographic minus; signed (no signed zero) unless `sign` is false."""
+    from sinklib.core.numbers import signed
+
+    return signed(x, d, minus="−") if sign else format(x, f".{d}f").replace("-", "−")
 
 
 def est(e: Est, d: int = 1, unit: str = "") -> str:
