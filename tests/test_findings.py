@@ -181,6 +181,27 @@ def test_powered_dose_reads_the_frozen_recipes_point_beside_both_suites_power(mo
     assert "360-prompt" in findings.powered_dose(Results()) and "72-prompt" not in findings.powered_dose(Results())
     _fake(monkeypatch, {"04_vl_adaptation": ch4})
     assert findings._safe(findings.powered_dose, Results()) == ""
+    assert s.startswith("On a suite with more power, the same dose does cost format: ")   # no type-level check stored
+
+
+def test_powered_dose_says_when_the_loss_is_not_firm_by_instruction_type(monkeypatch):
+    doc = _ch10(-5.6, -9.4, -1.7)
+    row = {"lr_lm": 5e-5, "steps": 60, "items": [-5.6, -9.4, -1.7], "types": [-5.6, -11.0, 0.4], "design effect": 1.9,
+           "smallest detectable fall, types": 9.5}
+    doc["results"]["by_type"] = {"full": {"m": [{**row, "lr_lm": 5e-4, "types": [-40, -50, -30]}, row]}}
+    _fake(monkeypatch, {"10_calibration": doc})
+    s = findings.powered_dose(Results())
+    assert ("−5.6 [−9.4, −1.7] points (−5.6 [−11.0, +0.4] with the suite's instruction types resampled, which detects "
+            "falls of 9.5 points or more)") in s
+    assert "smallest detectable fall 6.5 points with the items taken as independent" in s
+    assert s.startswith("On a suite with more power, the same dose costs format on these items, but not clearly")
+    assert s.endswith("the interval contains zero.")
+    row["types"] = [-5.6, -10.0, -0.5]
+    doc["results"]["by_type"]["full"]["m"] = [row]
+    assert findings.powered_dose(Results()).startswith("On a suite with more power, the same dose does cost format: ")
+    row["types"] = [-5.6, float("nan"), float("nan")]                      # one type: no interval, no claim either way
+    assert "resampled" not in findings.powered_dose(Results())
+    assert findings.powered_dose(Results()).startswith("On a suite with more power, the same dose does cost format: ")
 
 
 def test_a_row_decided_by_another_chapter_shows_there_too():

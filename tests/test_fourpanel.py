@@ -568,3 +568,35 @@ def test_the_calibration_models_change_here_is_set_beside_chapter_10s():
     assert "(rate 2e-3, 60 steps) changed strict instructions by -11.4 [-16.1, -6.9] points in chapter 10" in text
     assert "by -5.0 [-9.2, -0.8] here (VQA 55.0 %)" in text
     assert ch11.calibration_sentence(doc10, rows, {"calibrated_on": "m", "lr_lm": 1e-3, "stage2_steps": 60}) == ""
+
+
+def test_the_summary_says_which_losses_stay_outside_the_noise_by_instruction_type():
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    panel = {"base": {"a": _ev(30, 30, S=0.9), "b": _ev(30, 30, S=0.1), "c": _ev(30, 30, S=0.5)},
+             "evals": {("a", 0, "vl"): _ev(20, 30), ("b", 0, "vl"): _ev(30, 30), ("c", 0, "vl"): _ev(29, 30)}}
+    rows = ch11.pair_rows(panel, 0, 48)
+    plain = ch11.short_summary(rows, ch11.primary_of(rows), {})
+    assert "instruction types" not in plain
+    typed = ch11.short_summary(rows, ch11.primary_of(rows), {}, by_type={"a": Est(-25.0, -40.0, 2.0)})
+    assert ("Resampling the suite's instruction types instead of its items (when a model changes, the items of one "
+            "type tend to change together), this loss does not stay outside the noise (a -25.0 [-40.0, +2.0]).") in typed
+    nan = float("nan")
+    assert "instruction types" not in ch11.short_summary(rows, ch11.primary_of(rows), {},
+                                                         by_type={"a": Est(-25.0, nan, nan)})
+    assert typed.index("Resampling") < typed.index(plain.split(". ")[1][:20])   # right after the losses
+    text = ch11.findings(rows, ch11.primary_of(rows), by_type="a sentence")
+    assert text.splitlines()[-1] == ("- **Items or instruction types** (a check added after the interim look; it "
+                                     "changes no verdict): a sentence.")
+
+
+def test_pair_records_store_changes_as_lists():
+    import pandas as pd
+
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    rows = pd.DataFrame([{"model": "a", "VL: x": Est(-1.0, -2.0, 0.5), "precondition": True}])
+    assert ch11.records(rows) == [{"model": "a", "VL: x": [-1.0, -2.0, 0.5], "precondition": True}]
+    assert ch11.rows_of(ch11.records(rows)).loc[0, "VL: x"] == Est(-1.0, -2.0, 0.5)

@@ -291,3 +291,110 @@ def _params():
 
 #: the notebook's parameters and their checks (`params.validate`)
 CALIBRATION_PARAMS = _params()
+
+
+def by_type(res: Mapping[str, Any], labels: Sequence[Any]) -> pd.DataFrame:
+    """Every point's strict-instruction change from the base model (`run`'s result) with the items resampled and
+    with the instruction types resampled (`labels`: `sinklib.evals.clustered.instruction_types` of the suite run),
+    and the design effect. A check added after the sweep had run: `RULE` reads the item-level interval."""
+    from sinklib.evals import clustered
+
+    t = clustered.points_table(res["base"]["outcomes"], {(p["lr_lm"], p["steps"]): p["eval"]["outcomes"]
+                                                         for p in res["points"]}, labels, PRIMARY)
+    t.insert(0, "lr_lm", [k[0] for k in t.point])
+    t.insert(1, "steps", [int(k[1]) for k in t.point])
+    return t.drop(columns="point")
+
+
+def by_type_display(t: pd.DataFrame, what: str):
+    """`by_type` as a table: one row per point, each change 'v [lo, hi]' in points."""
+    from sinklib.evals.clustered import cell
+    from sinklib.plots import Table
+
+    num = lambda v: "-" if v != v else f"{v:.1f}"  # noqa: E731
+    frame = pd.DataFrame({"stage-2 rate": [rate(x) for x in t.lr_lm], "stage-2 steps": t.steps,
+                          "items resampled": [cell(e) for e in t["change, items resampled"]],
+                          "instruction types resampled": [cell(e) for e in t["change, types resampled"]],
+                          "design effect (CR1)": [num(d) for d in t["design effect"]],
+                          "detectable fall, items / effective items": [
+                              f"{num(a)} / {num(b)}" for a, b in zip(t["smallest detectable fall, items"],
+                                                                     t["smallest detectable fall, types"])]})
+    return Table(frame.set_index(["stage-2 rate", "stage-2 steps"]),
+                 f"{what}: the paired change of the strict instruction pass rate from the base model (points, 95 % "
+                 "intervals), resampling the items one by one (the rule's interval) or the suite's instruction "
+                 "types; the design effect and the smallest fall detectable with 80 % power at the number of items "
+                 "and at the effective number (sinklib.evals.clustered).")
+
+
+def _name(r) -> str:
+    return f"rate {rate(r.lr_lm)} for {int(r.steps)} steps"
+
+
+def by_type_sentence(t: pd.DataFrame, what: str, frozen: Mapping[str, Any] | None = None) -> str:
+    """`by_type` in words: how many points whose loss lies outside the item-level noise keep it outside the
+    type-level one, naming them, and the frozen point's two intervals (`frozen`: `choose`'s recipe)."""
+    from sinklib.evals.clustered import has_interval, where
+
+    out = where(t, [e.hi < 0 for e in t["change, items resampled"]])
+    typed = where(out, [has_interval(e) for e in out["change, types resampled"]])
+    kept = where(typed, [e.hi < 0 for e in typed["change, types resampled"]])
+    text = (f"{what}: {len(out)} of {len(t)} points lose strict instruction format beyond the item-level noise, and "
+            f"{len(kept)} of them beyond the noise with the instruction types resampled"
+            + (f" ({'; '.join(_name(r) for _, r in kept.iterrows())})" if len(kept) else "")
+            + (f" ({len(out) - len(typed)} without a type-level interval)" if len(typed) < len(out) else ""))
+    at = frozen_by_type(t, frozen)
+    return text + (f"; {at}" if at else "")
+
+
+def _frozen_row(t: pd.DataFrame, frozen: Mapping[str, Any] | None):
+    at = t[(t.lr_lm == frozen["lr_lm"]) & (t.steps == frozen["stage2_steps"])] if frozen else t.iloc[0:0]
+    return at.iloc[0] if len(at) else None
+
+
+def frozen_by_type(t: pd.DataFrame, frozen: Mapping[str, Any] | None) -> str:
+    """The frozen point's row of `by_type` in words ('' when no recipe was frozen)."""
+    from sinklib.evals.clustered import cell
+
+    r = _frozen_row(t, frozen)
+    if r is None:
+        return ""
+    num = lambda v: "none" if v != v else f"{v:.1f}"  # noqa: E731
+    return (f"the frozen point ({_name(r)}) {cell(r['change, items resampled'])} by item, "
+            f"{cell(r['change, types resampled'])} by type (design effect {num(r['design effect'])}; "
+            f"smallest detectable fall {num(r['smallest detectable fall, items'])} points with the items taken as "
+            f"independent, {num(r['smallest detectable fall, types'])} at the effective number)")
+
+
+def by_type_finding(checks: Mapping[str, tuple[pd.DataFrame, Mapping[str, Any] | None]]) -> str:
+    """Section 10.5 for the chapter's findings, one sentence per sweep (`checks`: {what: (`by_type` table, frozen
+    recipe)}): whether the frozen point's loss stays outside the noise with the instruction types resampled, and
+    which other points lose beyond the item-level noise but not beyond the type-level one."""
+    from sinklib.evals.clustered import cell, has_interval, where
+
+    out = []
+    for what, (t, frozen) in checks.items():
+        r = _frozen_row(t, frozen)
+        e = None if r is None else r["change, types resampled"]
+        head = (f"{what}: no recipe was frozen" if r is None else
+                f"{what}: the frozen point's loss has no type-level interval" if not has_interval(e) else
+                f"{what}: the frozen point's loss {'stays' if e.hi < 0 else 'does not stay'} outside the noise "
+                f"with the instruction types resampled ({cell(e)})")
+        gone = where(t, [a.hi < 0 and has_interval(b) and b.hi >= 0
+                         for a, b in zip(t["change, items resampled"], t["change, types resampled"])])
+        if len(gone):
+            head += (f"; the item-level loss{'es' if len(gone) > 1 else ''} at "
+                     + ", ".join(f"{_name(g)} ({cell(g['change, types resampled'])}, design effect "
+                                 f"{g['design effect']:.1f})" for _, g in gone.iterrows())
+                     + f" {'do' if len(gone) > 1 else 'does'} not")
+        out.append(head)
+    return "; ".join(out)
+
+
+def outcomes_record(res: Mapping[str, Any]) -> dict:
+    """`run`'s per-item outcomes in the results file's compact form: {'base': ..., '<rate>/<steps>': ...}
+    (`sinklib.evals.paired.pack`), so that a check of the sweep can be recomputed from the results alone."""
+    from sinklib.evals.paired import pack
+
+    out = {"base": pack(res["base"]["outcomes"])}
+    out.update({f"{rate(p['lr_lm'])}/{int(p['steps'])}": pack(p["eval"]["outcomes"]) for p in res["points"]})
+    return out

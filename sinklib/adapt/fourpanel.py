@@ -350,11 +350,15 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
     return out
 
 
+#: the seed of every evaluation's item sample (the suites' items and their order; `evals.clustered` reads it too)
+EVAL_SEED = 0
+
+
 def _eval_kwargs(lm: Any, p: Mapping[str, Any], prompts: list[str]) -> dict:
     from sinklib.adapt.pairs import sink_settings
     from sinklib.evals import counts
 
-    return dict(eval_n=counts(p), seed=0, prompts=prompts, vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"],
+    return dict(eval_n=counts(p), seed=EVAL_SEED, prompts=prompts, vqa_n=p["vqa_n"], eval_batch_size=p["eval_batch_size"],
                 sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
 
 

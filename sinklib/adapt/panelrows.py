@@ -62,3 +62,8 @@ def pair_rows(panel: Mapping[str, Any], first_seed: int, image_size: int) -> pd.
         row["precondition"] = row["learned"] and k is not None and not k.hi < 0
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def records(rows: pd.DataFrame) -> list[dict]:
+    """`pair_rows` as the results file stores them: one dict a pair, each change `Est` as a [v, lo, hi] list."""
+    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in r.items()} for r in rows.to_dict(orient="records")]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows  # noqa: F401
+from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows, records  # noqa: F401
 from sinklib.adapt.primary import PRIMARY, primary_test
 from sinklib.adapt.calibrate import rate as rate_text
 from sinklib.core.numbers import interval
@@ -158,14 +158,15 @@ _ANSWER = {"reproduced": "Yes: the higher a base model's S, the less strict inst
 def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None] | None = None, *,
              interim: bool = False, second_rate: float | None = None,
              sensitivity: tuple[pd.DataFrame, Mapping[str, Any]] | None = None,
-             frozen: pd.DataFrame | None = None) -> str:
+             frozen: pd.DataFrame | None = None, by_type: str | None = None) -> str:
     """What the panel found, in words with its numbers, for the end of the chapter: the answer to the chapter's
     question, the primary test's outcome by the book's rule (`fourpanel.primary_verdict`, labelled an interim look
     when `interim`), each pair in order of base S (its rate where the design chose one, its VL change of strict
     instructions, its knowledge change, in or out of the test), the outcome of predictions 2, 3 and 6 of section
     11.1 (6's rates against `second_rate`), prediction 1 at the frozen rate (`frozen`: the pre-registered design's
     rows) and at the chosen ones, whether the controls (predictions 4 and 5) have run, and the sensitivity analysis
-    (`sensitivity`: its pair rows and primary test) with prediction 7. Markdown, one bullet per finding."""
+    (`sensitivity`: its pair rows and primary test) with prediction 7, and the intervals with the instruction
+    types resampled (`by_type`: `sinklib.evals.clustered.sentence`). Markdown, one bullet per finding."""
     from sinklib.adapt.fourpanel import primary_sentence, primary_verdict
 
     v = primary_verdict(primary)
@@ -194,6 +195,9 @@ def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str,
     out += _prediction1_line(frozen, rows) + _controls_line(rows)
     if sensitivity is not None:
         out.append(_sensitivity_line(*sensitivity))
+    if by_type:
+        out.append(f"- **Items or instruction types** (a check added after the interim look; it changes no verdict): "
+                   f"{by_type}.")
     return "\n".join(out)
 
 
@@ -288,13 +292,16 @@ _ORDER = {"reproduced": "Base S ordered the losses as the paper predicts",
 
 def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str, float | None], *,
                   interim: bool = False, sensitivity: tuple[pd.DataFrame, Mapping[str, Any], float] | None = None,
-                  minus: str = "-") -> str:
+                  by_type: Mapping[str, Any] | None = None, minus: str = "-") -> str:
     """The panel in a few sentences, for the top of the chapter and the landing page: how many tested pairs lost
     strict instructions beyond the paired noise (with their changes and rates), the primary test, the highest-S
     model at the sensitivity analysis's common rate (`sensitivity`: its rows, primary test and rate) when the main
-    design trained it at another, and whether this is the interim look. `minus`: the claims pages' '−'."""
+    design trained it at another, how many of the losses stay outside the noise when the instruction types are
+    resampled instead of the items (`by_type`: {model: Est}, `sinklib.evals.clustered`), and whether this is the
+    interim look. `minus`: the claims pages' '−'."""
     from sinklib.adapt.primary import primary_verdict
     from sinklib.core.numbers import signed
+    from sinklib.evals.clustered import has_interval
 
     rate = rate_text
     iv = lambda e: interval(e.v, e.lo, e.hi, minus=minus)  # noqa: E731
@@ -310,6 +317,14 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
            f"{_ORDER[v.outcome]}: " + (f"Spearman ρ {signed(primary['rho'], 2, minus)} over {primary['n']} pairs, "
                                         f"one-sided exact p {primary['p']:.3f} ({v.outcome})." if primary["n"] >= 3
                                         else f"{v.why}.")]
+    typed = [(m, by_type[m]) for m, _ in lost if has_interval((by_type or {}).get(m))]
+    if typed:
+        kept = sum(e.hi < 0 for _, e in typed)
+        said = (f"this loss {'stays' if kept else 'does not stay'}" if len(typed) == 1 else
+                f"{kept} of these {len(typed)} losses {'stays' if kept == 1 else 'stay'}")
+        out.insert(1, f"Resampling the suite's instruction types instead of its items (when a model changes, the items "
+                      f"of one type tend to change together), {said} outside the noise ("
+                      + "; ".join(f"{m} {iv(e)}" for m, e in typed) + ").")
     if sensitivity is not None and len(tested):
         s_rows, s_primary, common = sensitivity
         top = tested.sort_values("S").iloc[-1]

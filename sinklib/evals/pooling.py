@@ -57,22 +57,31 @@ def seed_conditions(doc: dict, model: str, cond: str) -> list[str]:
     return [c for c in outs if c == cond or c.startswith(f"{cond} seed ")]
 
 
+def seed_pairs(doc: dict, model: str, cond: str, ref: str) -> list[tuple[dict, dict]]:
+    """(outcomes of cond, outcomes of ref) per training seed of `cond` that holds per-item outcomes: a seed of
+    `ref` pairs with the same seed of `cond` ('vl seed 1' with 'text seed 1'); 'base' is one model and pairs with
+    every seed. Seeds whose reference has no outcomes are left out; [] when `ref` has none at all. Every pooled
+    change (`pooled`, `pooled_gap`, `sinklib.evals.clustered`) pairs its seeds through this."""
+    conds = seed_conditions(doc, model, cond)
+    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
+    return [(outcomes_of(doc, model, c), outcomes_of(doc, model, r)) for c, r in zip(conds, refs)
+            if outcomes_of(doc, model, r) is not None]
+
+
 def _seed_draws(doc: dict, model: str, cond: str, ref: str, metrics):
     """(points [seeds], bootstrap draws [seeds, n_boot]) of cond minus ref per training seed, each paired on its
-    items (a seed of `ref` pairs with the same seed of `cond`; 'base' is one model); None without outcomes."""
+    items (`seed_pairs`); None without outcomes."""
     import numpy as np
 
-    conds = seed_conditions(doc, model, cond)
-    if not conds or outcomes_of(doc, model, ref) is None:
+    got = [paired_change(c, r, metrics) for c, r in seed_pairs(doc, model, cond, ref)]
+    if not got:
         return None
-    refs = [ref if ref == "base" else c.replace(cond, ref, 1) for c in conds]
-    got = [paired_change(outcomes_of(doc, model, c), outcomes_of(doc, model, r), metrics)
-           for c, r in zip(conds, refs) if outcomes_of(doc, model, r) is not None]
     return np.asarray([g[0] for g in got]), np.asarray([g[1] for g in got])
 
 
-def _pool(pts, draws, n_boot_seed: int = 0) -> Est:
-    """The mean over seeds, its interval resampling the items (the draws' shared indices) and the seeds."""
+def pool_seeds(pts, draws, n_boot_seed: int = 0) -> Est:
+    """The mean over seeds of per-seed changes `pts`, its interval from their bootstrap draws ([seeds, n_boot],
+    the same resampled items or groups for every seed) with the seeds resampled (with replacement) too."""
     import numpy as np
 
     from sinklib.evals import paired
@@ -87,7 +96,7 @@ def pooled(doc: dict, model: str, cond: str, ref: str, metrics) -> tuple[Est, in
     items (the same indices for every seed, `sinklib.evals.paired`) and the seeds (with replacement), so it holds
     the seed spread too. Without per-item outcomes: `delta` (seed 0, MOVER)."""
     sd = _seed_draws(doc, model, cond, ref, metrics)
-    return (delta(doc, model, cond, ref, metrics), 1) if sd is None else (_pool(*sd), len(sd[0]))
+    return (delta(doc, model, cond, ref, metrics), 1) if sd is None else (pool_seeds(*sd), len(sd[0]))
 
 
 def pooled_gap(doc: dict, model: str, cond: str, ref: str, metrics_a, metrics_b) -> Est:
@@ -96,7 +105,7 @@ def pooled_gap(doc: dict, model: str, cond: str, ref: str, metrics_a, metrics_b)
     a, b = _seed_draws(doc, model, cond, ref, metrics_a), _seed_draws(doc, model, cond, ref, metrics_b)
     if a is None or b is None:
         return gap(doc, model, (cond, ref, metrics_a), (cond, ref, metrics_b))
-    return _pool(a[0] - b[0], a[1] - b[1])
+    return pool_seeds(a[0] - b[0], a[1] - b[1])
 
 
 def gap(doc: dict, model: str, a: tuple, b: tuple) -> Est:
