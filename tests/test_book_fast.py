@@ -255,7 +255,9 @@ def test_progress_side_channel(tmp_path, monkeypatch):
     f = tmp_path / "p.json"
     progress.report("training", 1, 10)   # no variable: nothing written anywhere
     monkeypatch.setenv(progress.ENV, str(f))
-    monkeypatch.setattr(progress, "_last", {"t": 0.0, "what": None})
+    monkeypatch.setattr(progress, "_last", {"t": 0.0, "what": None, "total": None})
+    progress.advance(1, 2)                # before any report: nothing to move on
+    assert progress.read(f) is None
     progress.report("training", 1, 10)
     progress.report("training", 2, 10)   # within a second of the last write: skipped
     assert progress.describe(progress.read(f)) == "training 1/10"
@@ -263,6 +265,11 @@ def test_progress_side_channel(tmp_path, monkeypatch):
     assert progress.describe(progress.read(f)) == "training 10/10"
     progress.report("evaluating math", 0, 300)
     assert progress.describe(progress.read(f)) == "evaluating math 0/300"
+    progress._last["t"] = 0.0             # a second later: the suite's batches move it on, on its own scale
+    progress.advance(600, 1200)           # 600 of 1200 answer choices
+    assert progress.describe(progress.read(f)) == "evaluating math 150/300"
+    progress.advance(1200, 1200)          # the end is always written
+    assert progress.describe(progress.read(f)) == "evaluating math 300/300"
     assert progress.read(tmp_path / "none.json") is None and progress.describe(None) == ""
 
 

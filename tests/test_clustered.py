@@ -182,3 +182,53 @@ def test_seed_pairs_pair_each_seed_with_its_own_reference():
     named = [(c["name"], r["name"]) for c, r in seed_pairs(doc, "m", "vl", "text_only")]
     assert named == [("vl", "text_only"), ("vl seed 2", "text_only seed 2")]
     assert seed_pairs(doc, "m", "vl", "random") == [] and seed_pairs(doc, "other", "vl", "base") == []
+
+
+def test_intraclass_inverts_the_design_effect_of_equal_groups():
+    labels = [g for g in range(10) for _ in range(5)]  # 10 types of 5 items
+    assert clustered.intraclass(1 + 4 * 0.25, labels) == pytest.approx(0.25)
+    assert clustered.intraclass(0.8, labels) == 0.0  # at or below 1: no positive correlation
+    assert np.isnan(clustered.intraclass(float("nan"), labels)) and np.isnan(clustered.intraclass(2.0, list(range(7))))
+
+
+def test_types_needed_is_the_fewest_types_that_detect_the_target():
+    """With no correlation and one item per type it is the fewest items whose paired test detects the fall (found
+    here by a plain scan); a correlation within types asks for more types, never fewer."""
+    from sinklib.evals.power import mcnemar_power
+
+    scan = next(n for n in range(1, 400) if mcnemar_power(n, 0.30, 0.05) >= 0.8)
+    assert clustered.types_needed(30.0, 0.5, 0.0, 1) == scan
+    k0, k1 = clustered.types_needed(30.0, 0.5, 0.0, 6), clustered.types_needed(30.0, 0.5, 0.3, 6)
+    assert k0 * 6 >= scan > (k0 - 1) * 6 and k1 > k0
+    assert clustered.types_needed(30.0, 0.5, 0.3, 6, most=2) is None
+    with pytest.raises(ParameterError):
+        clustered.types_needed(20.0, 0.5, float("nan"), 6)
+
+
+def test_plan_sentence_gives_types_per_model_and_says_where_more_items_cannot_do():
+    import pandas as pd
+
+    labels = [g for g in range(10) for _ in range(6)]  # 10 types of 6 items
+    n = clustered.items_needed(20.0)
+    rows = pd.DataFrame([{"model": "a", "within-type correlation": 0.3, "within-type correlation, 10-90 %": (0.2, 0.4)},
+                         {"model": "c", "within-type correlation": 0.0, "within-type correlation, 10-90 %": (0.0, 0.1)},
+                         {"model": "b", "within-type correlation": float("nan")}])
+    s = clustered.plan_sentence(rows, labels, 20.0, names={"a": "A"})
+    need, lo, hi = (clustered.types_needed(20.0, None, r, 6) for r in (0.3, 0.2, 0.4))
+    assert lo < need < hi and f"about {n} independent items would do" in s
+    assert f"of 6 items would need about: A {need} (within-type correlation 0.30; {lo}-{hi} over its 10-90 %" in s
+    assert 10 / 0.3 < n and f"stays below {n} for A (33): no number of items" in s
+    assert f"(now 6 on average) would also do: about {clustered.items_per_type(n, 10, 0.0)} for c" in s and "b " not in s
+    assert clustered.plan_sentence(rows.iloc[2:], labels, 20.0) == "no model has a design effect to plan from"
+
+
+def test_items_per_type_and_the_span_of_the_correlation():
+    assert clustered.items_per_type(100, 10, 0.0) == 10 and clustered.items_per_type(100, 10, 0.1) is None
+    m = clustered.items_per_type(50, 10, 0.1)  # 10 m / (1 + (m - 1) 0.1) >= 50 from m = 9
+    assert m == 9 and 10 * 8 / (1 + 7 * 0.1) < 50
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(30), 10)
+    diffs = (rng.normal(size=30)[labels] + rng.normal(size=300) > 1).astype(float)  # correlated within types
+    lo, hi = clustered.intraclass_span(diffs, labels)
+    rho = clustered.intraclass(clustered.design_effect(diffs, labels), labels)
+    assert 0 <= lo < rho < hi

@@ -212,3 +212,20 @@ def test_suites_decoder_under_the_intervention(arch):
                                  pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:].tolist()
         got = decode.greedy(lm.model, None, prompts, steps, pad=0, eos=[], batch_size=4)
     assert got == want
+
+
+def test_the_decoder_moves_the_progress_on_per_batch(tmp_path, monkeypatch):
+    """Each batch of `decode.greedy` advances the suite's reported step (the reproduce command's progress line)."""
+    from sinklib.core import progress
+    from sinklib.evals import decode
+
+    f = tmp_path / "p.json"
+    monkeypatch.setenv(progress.ENV, str(f))
+    monkeypatch.setattr(progress, "_last", {"t": 0.0, "what": None, "total": None})
+    monkeypatch.setattr(progress, "MIN_INTERVAL_S", 0.0)
+    lm = tiny_model("llama", seed=5)
+    progress.report("evaluating instructions", 0, 6)
+    seen = []
+    monkeypatch.setattr(progress, "report", lambda w, s=None, t=None: seen.append((w, s, t)))
+    decode.greedy(lm.model, None, [[1, 5, 6, 7]] * 6, 2, pad=0, eos=[], batch_size=2)
+    assert seen == [("evaluating instructions", k, 6) for k in (2, 4, 6)]

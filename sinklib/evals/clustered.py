@@ -171,11 +171,15 @@ def table(doc: Mapping[str, Any], models: Sequence[str], labels: Sequence[Any], 
         typed = pooled_change(doc, m, cond, ref, labels, metric)
         if typed is None or outcomes_of(doc, m, ref) is None:
             continue
-        deff = design_effect(item_differences(doc, m, cond, ref, metric), labels)
+        diffs = item_differences(doc, m, cond, ref, metric)
+        deff = design_effect(diffs, labels)
         p = paired.score(outcomes_of(doc, m, ref), metric) / 100
         rows.append({"model": m, "seeds": typed[1], "items": len(labels), "types": int(groups(labels).max()) + 1,
+                     "base pass rate": p,
                      "change, items resampled": pooled(doc, m, cond, ref, [metric])[0],
                      "change, types resampled": typed[0], "design effect": deff,
+                     "within-type correlation": intraclass(deff, labels),
+                     "within-type correlation, 10-90 %": intraclass_span(diffs, labels),
                      **_power(len(labels), p, deff, power, flip)})
     return pd.DataFrame(rows)
 
@@ -256,3 +260,121 @@ def display(rows, title: str):
         "smallest detectable fall (80 % power), items": [_num(v) for v in rows["smallest detectable fall, items"]],
         "the same, effective items": [_num(v) for v in rows["smallest detectable fall, types"]]})
     return Table(shown.set_index("model").T, title)
+
+
+def intraclass(deff: float, labels: Sequence[Any]) -> float:
+    """The within-type correlation of the paired differences implied by a design effect on groups of `labels`:
+    (deff - 1) / (m - 1), m the size-weighted mean group size (sum of m_g squared over n, Kish's formula for
+    unequal groups); 0 where the design effect is at or below 1, NaN without one or with groups of one item."""
+    sizes = np.bincount(groups(labels)).astype(float)
+    m = float((sizes ** 2).sum() / sizes.sum())
+    if deff != deff or m <= 1:
+        return float("nan")
+    return max(float(deff) - 1.0, 0.0) / (m - 1.0)
+
+
+def items_needed(target: float, p: float | None = None, *, power: float = 0.8, flip: float = 0.05,
+                 most: int = 4096) -> int | None:
+    """The fewest independent items whose exact paired McNemar test (`sinklib.evals.power.mcnemar_power`, background
+    flip rate `flip`) detects a fall of exactly `target` points with `power`: doubling from 8 items, then a
+    bisection (the exact test's power is nearly, not strictly, monotone in n, so 'about'); None if even `most`
+    items do not. The base pass rate `p`, where given, only bounds the fall (a fall above it is impossible)."""
+    from sinklib.evals.power import mcnemar_power
+
+    if p is not None and target / 100 > p:
+        return None
+    fits = lambda n: mcnemar_power(n, target / 100, flip) >= power  # noqa: E731
+    lo, hi = 0, 8
+    while not fits(hi):
+        if hi >= most:
+            return None
+        lo, hi = hi, min(2 * hi, most)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def intraclass_span(diffs: Sequence[float], labels: Sequence[Any], q: tuple[float, float] = (0.1, 0.9), *,
+                    n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """Quantiles `q` of `intraclass` over the types resampled with replacement (`cluster_index`; a type drawn twice
+    counts as two types): how firmly one suite measures the within-type correlation. NaN without 2 types."""
+    d, g = np.asarray(diffs, float), groups(labels)
+    k = int(g.max()) + 1 if g.size else 0
+    if k < 2:
+        return float("nan"), float("nan")
+    members = [np.flatnonzero(g == j) for j in range(k)]
+    rhos = []
+    for draw in cluster_index(k, n_boot=n_boot, seed=seed):
+        idx = [members[j] for j in draw]
+        lab = np.repeat(np.arange(k), [len(i) for i in idx])
+        rhos.append(intraclass(design_effect(d[np.concatenate(idx)], lab), lab))
+    rhos = np.asarray(rhos)
+    if np.isnan(rhos).all():
+        return float("nan"), float("nan")
+    lo, hi = np.nanquantile(rhos, q)
+    return float(lo), float(hi)
+
+
+def types_needed(target: float, p: float, rho: float, per_type: int, *, power: float = 0.8, flip: float = 0.05,
+                 most: int = 1000) -> int | None:
+    """The fewest instruction types of `per_type` items each whose suite detects a fall of `target` points with
+    `power` at base pass rate `p`, when the items of a type correlate by `rho` (`intraclass`): the effective number
+    of items, k m / (1 + (m - 1) rho), must reach `items_needed`. None if even `most` types do not; a planning
+    figure for a next suite, which assumes new types cluster as the measured ones do."""
+    if rho != rho or per_type < 1:
+        raise ParameterError(f"types_needed needs a within-type correlation and per_type >= 1 (got {rho}, {per_type})")
+    n = items_needed(target, p, power=power, flip=flip)
+    k = None if n is None else int(np.ceil(n * (1.0 + (per_type - 1) * max(rho, 0.0)) / per_type - 1e-9))
+    return k if k is not None and k <= most else None
+
+
+def items_per_type(n_eff: int, k: int, rho: float) -> int | None:
+    """The fewest items per type that give `k` types `n_eff` effective items at within-type correlation `rho`
+    (k m / (1 + (m - 1) rho) >= n_eff); None where no number does (n_eff at or above k / rho)."""
+    rho = max(rho, 0.0)
+    if k - n_eff * rho <= 0:
+        return None
+    return max(1, int(np.ceil(n_eff * (1.0 - rho) / (k - n_eff * rho) - 1e-9)))
+
+
+def _types_span(target: float, m: int, span) -> str:
+    lo, hi = span if span is not None else (float("nan"), float("nan"))
+    if lo != lo or hi != hi:
+        return ""
+    a, b = (types_needed(target, None, r, m) for r in (lo, hi))
+    return f"; {a or 'over 1000'}-{b or 'over 1000'} over its 10-90 % bootstrap range {lo:.2f}-{hi:.2f}"
+
+
+def plan_sentence(rows, labels: Sequence[Any], target: float, names: Mapping[str, str] | None = None) -> str:
+    """What a suite would need to detect a fall of `target` points at `table`'s within-type correlations: per model,
+    the number of types of this suite's mean size (`types_needed`, with the range over the correlation's type
+    bootstrap), and whether more items in the suite's own types could do instead (`items_per_type`)."""
+    names = names or {}
+    k = int(groups(labels).max()) + 1
+    m = int(round(len(labels) / k))
+    n_need = items_needed(target)
+    if n_need is None:
+        return f"no suite of up to 4096 independent items detects a fall of {target:g} points with 80 % power"
+    need, stuck, more = [], [], []
+    for _, r in rows.iterrows():
+        rho, name = r["within-type correlation"], names.get(r.model, r.model)
+        if rho != rho:
+            continue
+        t = types_needed(target, None, rho, m)
+        need.append(f"{name} {t or 'over 1000'} (within-type correlation {rho:.2f}"
+                    + _types_span(target, m, r.get("within-type correlation, 10-90 %")) + ")")
+        per = items_per_type(n_need, k, rho)
+        (more.append(f"about {per} for {name}") if per else stuck.append(f"{name} ({k / rho:.0f})"))
+    if not need:
+        return "no model has a design effect to plan from"
+    text = (f"to detect a fall of {target:g} points with 80 % power (exact paired McNemar test, background flip rate "
+            f"0.05), about {n_need} independent items would do; at the within-type correlations measured here, a "
+            f"suite of instruction types of {m} items would need about: " + "; ".join(need) + f", against the {k} "
+            "types here")
+    if stuck:
+        text += (f". With {k} types the effective number of items cannot pass {k} over the correlation, which stays "
+                 f"below {n_need} for " + ", ".join(stuck) + ": no number of items within these types would do there")
+    if more:
+        text += f". Items per type in the {k} types here (now {m} on average) would also do: " + ", ".join(more)
+    return text

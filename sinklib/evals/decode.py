@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sinklib.core import progress
 from sinklib.core.anatomy import pad_batch, positions
 
 #: rows decoded together by the suites (wider than the likelihood batches: see the module docstring)
@@ -158,4 +159,5 @@ def greedy(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new
         logits, cache, mask, last = prime(model, [prompts[i] for i in idx], states, n_prefix, pad, device)
         for i, row in zip(idx, decode(model, tokenizer, logits, cache, mask, last, max_new_tokens, eos, stop)):
             out[i] = row
+        progress.advance(b + len(idx), len(order))
     return out

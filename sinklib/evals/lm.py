@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from sinklib.core import progress
 from sinklib.core.anatomy import apply_softcap, decoder, lm_head, pad_batch, pad_token_id, positions, softcap
 from sinklib.errors import ParameterError
 from sinklib.evals.decode import GENERATION_BATCH_SIZE, greedy
@@ -255,6 +256,7 @@ def continuation_logprobs(model: Any, pairs: Sequence[tuple[list[int], list[int]
         for r, (i, n) in enumerate(zip(idx, nconts)):
             res[i] = (float(lp[off:off + n].sum()), n)
             off += n
+        progress.advance(b + len(idx), len(order))
     return res
 
 
@@ -292,6 +294,7 @@ def document_nll(model: Any, docs: Sequence[list[int]], pad: int, batch_size: in
             out[d][0] += float(-lp[off:off + n].sum())
             out[d][1] += n
             off += n
+        progress.advance(b + len(idx), len(order))
     return [(a, int(n)) for a, n in out]
 
 
