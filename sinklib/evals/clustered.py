@@ -22,6 +22,7 @@ that file's hash (`items.fingerprint`), so labels and outcomes cannot come from 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -273,6 +274,7 @@ def intraclass(deff: float, labels: Sequence[Any]) -> float:
     return max(float(deff) - 1.0, 0.0) / (m - 1.0)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments; plan_sentence asks it per model and bound
 def items_needed(target: float, p: float | None = None, *, power: float = 0.8, flip: float = 0.05,
                  most: int = 4096) -> int | None:
     """The fewest independent items whose exact paired McNemar test (`sinklib.evals.power.mcnemar_power`, background
@@ -316,7 +318,7 @@ def intraclass_span(diffs: Sequence[float], labels: Sequence[Any], q: tuple[floa
     return float(lo), float(hi)
 
 
-def types_needed(target: float, p: float, rho: float, per_type: int, *, power: float = 0.8, flip: float = 0.05,
+def types_needed(target: float, p: float | None, rho: float, per_type: int, *, power: float = 0.8, flip: float = 0.05,
                  most: int = 1000) -> int | None:
     """The fewest instruction types of `per_type` items each whose suite detects a fall of `target` points with
     `power` at base pass rate `p`, when the items of a type correlate by `rho` (`intraclass`): the effective number
