@@ -83,6 +83,19 @@ def test_run_order_puts_a_reader_after_what_it_reads():
         assert {reader, *read} <= set(NAMES), f"READS_RESULTS_OF names a notebook that does not exist: {reader}, {read}"
 
 
+def test_every_results_file_a_notebook_loads_is_declared():
+    """A chapter that calls load_results("NN_name") runs after NN and goes stale when NN's results change only if
+    READS_RESULTS_OF says so (chapter 6 read chapter 4's VQA majority without it)."""
+    import re
+
+    for n in NAMES:
+        code = "\n".join("".join(c["source"]) for c in json.loads((ROOT / "notebooks" / f"{n}.ipynb").read_text())["cells"]
+                         if c["cell_type"] == "code")
+        read = set(re.findall(r"load_results\(\s*[\"'](\d\d_[a-z0-9_]+)[\"']", code))
+        missing = read - set(book.READS_RESULTS_OF.get(n, ()))
+        assert not missing, f"{n} loads the results of {sorted(missing)}: add them to READS_RESULTS_OF[{n!r}]"
+
+
 def test_toc_lists_every_chapter():
     toc = (ROOT / "_toc.yml").read_text()
     for n in NAMES:
