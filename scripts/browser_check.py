@@ -7,7 +7,7 @@ remote http(s) resources are ignored: the book is read offline); every internal 
 every figure in a chapter's output is followed by a caption ("Figure N.k."); math is rendered by MathJax (no
 raw TeX delimiters left); no table or display equation is wider than the content column; no struck-through or
 unclosed markup (an `<s>`, `<del>` or `<strike>` element, or text drawn with line-through, in the article or its
-contents sidebar); no leftover object repr (``<... at 0x...>``) or raw numpy repr (``np.float64(``) in the text;
+contents sidebar); no table cell cut short with '...' (a DataFrame shown without `plots.Table`); no leftover object repr (``<... at 0x...>``) or raw numpy repr (``np.float64(``) in the text;
 no word written twice in the prose ("Lemma Lemma"); no figure whose text overlaps (the warning that
 `sinklib.plots.overlap` prints under a figure it measured with overlapping labels, ``OVERLAP_MARK``). A screenshot of
 every page (1280 px and a 390 px phone width) goes to ``_build/screenshots/``; at the phone width the page
@@ -69,9 +69,12 @@ async () => {
   // prose only (not code or outputs): where doubled words are typos
   const prose = [...col.querySelectorAll('p, li, h1, h2, h3, h4, figcaption, dt, dd, th, caption')]
     .filter(e => !e.closest('pre, code, .cell_output, .output')).map(e => e.innerText).join('\n');
+  // a table cell that pandas cut short ('...' at the end: a DataFrame displayed without plots.Table)
+  const cut = [...col.querySelectorAll('td, th')].filter(e => /\.\.\.$/.test(e.innerText.trim()))
+    .map(e => e.innerText.trim().slice(-50));
   const badImages = [...document.images].filter(im => !(im.complete && im.naturalWidth > 0)).map(im => im.src);
   const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
-  return {colW, wide, rawMath, uncaptioned, badImages, links, struck, text, prose,
+  return {colW, wide, rawMath, uncaptioned, badImages, links, struck, text, prose, cut,
           mathCount: col.querySelectorAll('mjx-container').length};
 }
 """
@@ -206,6 +209,7 @@ def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = 
             rep.problems += [f"image does not load: {b}" for b in res["badImages"]]
             rep.problems += sorted({p for h in res["links"] if (p := _link_problem(f, h))})
             rep.problems += [f"struck-through or unclosed markup: {x}" for x in res["struck"]]
+            rep.problems += [f"table cell cut short with '...': {x}" for x in res["cut"]]
             rep.problems += text_problems(res["text"], res["prose"])
             rep.math, rep.links = res["mathCount"], len(res["links"])
             safe = name.replace("/", "__")

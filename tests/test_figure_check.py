@@ -165,3 +165,10 @@ def test_the_panel_scatter_labels_its_pairs_without_overlaps():
     fig = plots.scatter_panel(df, title="Measured panel: S against change")
     assert plots.text_overlaps(fig) == []
     assert sum(len(ax.texts) for ax in fig.axes) == 2 * 4  # every pair labelled in every panel
+
+
+def test_the_theme_keeps_a_long_table_cell_whole():
+    """The browser check refuses a table cell cut short with '...': the theme lets pandas show every cell whole."""
+    long = "AWQ (4-bit), then GGUF Q4_K_M (4-bit) from the AWQ checkpoint, and more words"
+    html = pd.DataFrame([{"weights": long}])._repr_html_()
+    assert long in html and "..." not in html

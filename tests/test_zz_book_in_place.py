@@ -37,6 +37,13 @@ def test_book_builds_in_place_without_warnings(built_book):
         assert (html / f"{page}.html").exists(), f"{page} was not built"
 
 
+#: pages whose committed executed copy shows a DataFrame cell cut short with '...' (the check is newer than the
+#: copy; `plots.set_theme` now keeps cells whole): each goes when its chapter is re-executed
+CUT = "table cell cut short"
+CUT_BEFORE_RERUN = {"book/chapters/01_sink_definition", "book/chapters/02_sink_strength",
+                    "book/chapters/06_negative_controls"}
+
+
 @pytest.mark.slow
 def test_every_page_in_a_real_browser(built_book):
     """Headless Chromium opens every page: no console errors of ours, links and images resolve, figures have
@@ -49,7 +56,11 @@ def test_every_page_in_a_real_browser(built_book):
                     "(root or passwordless sudo); elsewhere install chromium and rerun")
     t0 = time.perf_counter()
     reports = browser_check.check_book(html)
-    bad = {rep.page: rep.problems for rep in reports if rep.problems}
+    cut = {rep.page for rep in reports if any(x.startswith(CUT) for x in rep.problems)}
+    assert cut <= CUT_BEFORE_RERUN, f"table cells cut short with '...' on {sorted(cut - CUT_BEFORE_RERUN)}"
+    assert CUT_BEFORE_RERUN <= cut, f"re-executed, so remove {sorted(CUT_BEFORE_RERUN - cut)} from CUT_BEFORE_RERUN"
+    bad = {rep.page: [x for x in rep.problems if not x.startswith(CUT)] for rep in reports}
+    bad = {p: v for p, v in bad.items() if v}
     assert not bad, "\n".join(f"{p}:\n  " + "\n  ".join(v) for p, v in bad.items())
     assert len(reports) == len(browser_check.toc_pages())
     print(f"browser checks: {len(reports)} pages in {time.perf_counter() - t0:.0f} s")
@@ -97,14 +108,27 @@ def test_text_checks_find_a_figure_with_overlapping_text():
     assert len(found) == 1 and found[0].startswith("figure with overlapping text labels: " + plots.OVERLAP_MARK)
 
 
-def test_browser_finds_struck_through_markup(tmp_path):
-    """An unclosed <s> (as '<condition> seed <s>' once became) is reported, in a real browser."""
+def _bad_and_good(tmp_path, bad: str, good: str):
+    """Problems the real browser finds on two small pages (the article's HTML given)."""
     if browser_check.chromium() is None:
         pytest.skip("Chromium is not installed")
-    (tmp_path / "bad.html").write_text("<html><body><article class='bd-article'><p>rows ' seed <s>', trained"
-                                       "</p><p>the rest of the page</p></article></body></html>")
-    (tmp_path / "good.html").write_text("<html><body><article class='bd-article'><p>rows <code>&lt;condition&gt; "
-                                        "seed &lt;s&gt;</code></p></article></body></html>")
-    bad, good = browser_check.check_book(tmp_path, tmp_path / "shots", pages=["bad", "good"])
-    assert any("struck-through" in p for p in bad.problems), bad.problems
-    assert not any("struck-through" in p for p in good.problems), good.problems
+    for name, body in (("bad", bad), ("good", good)):
+        (tmp_path / f"{name}.html").write_text(f"<html><body><article class='bd-article'>{body}</article></body></html>")
+    found = browser_check.check_book(tmp_path, tmp_path / "shots", pages=["bad", "good"])
+    return found[0].problems, found[1].problems
+
+
+def test_browser_finds_a_table_cell_cut_short(tmp_path):
+    """pandas cuts a cell past 50 characters with '...' unless told not to: the checker reports it."""
+    bad, good = _bad_and_good(tmp_path, "<table><tr><td>AWQ (4-bit), then GGUF Q4_K_M (4-bit) from the...</td></tr>"
+                              "</table>", "<table><tr><td>AWQ (4-bit)</td></tr></table><p>and so on...</p>")
+    assert any(p.startswith("table cell cut short") for p in bad), bad
+    assert not any(p.startswith("table cell cut short") for p in good), good
+
+
+def test_browser_finds_struck_through_markup(tmp_path):
+    """An unclosed <s> (as '<condition> seed <s>' once became) is reported, in a real browser."""
+    bad, good = _bad_and_good(tmp_path, "<p>rows ' seed <s>', trained</p><p>the rest of the page</p>",
+                              "<p>rows <code>&lt;condition&gt; seed &lt;s&gt;</code></p>")
+    assert any("struck-through" in p for p in bad), bad
+    assert not any("struck-through" in p for p in good), good

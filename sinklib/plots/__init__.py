@@ -35,10 +35,13 @@ def set_theme() -> None:
     """The book's single plotting theme (call once at the top of a notebook): figures FIG_WIDTH wide,
     no text smaller than MIN_FONT_PT, so that figure text reads at the size of the body text. In a notebook it
     also installs the figure check (`install_display_check`): every displayed figure is measured for
-    overlapping text, and one that has it gets a printed warning under it."""
+    overlapping text, and one that has it gets a printed warning under it. A DataFrame shown as it is keeps
+    every cell whole (pandas would cut a cell past 50 characters with '...', which the browser check refuses)."""
     import matplotlib as mpl
+    import pandas as pd
     import seaborn as sns
 
+    pd.set_option("display.max_colwidth", None)
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
     mpl.rcParams.update({"figure.dpi": DPI, "savefig.dpi": DPI, "figure.figsize": (FIG_WIDTH, 3.8),
                          "axes.titleweight": "bold", "axes.titlesize": 12, "figure.titlesize": 13,
