@@ -575,3 +575,19 @@ def test_undecided_reasons_name_each_open_verdict_once():
                       "why": ["nothing to recover", "nothing to recover", "below", "below"]})
     assert undecided_reasons(v) == "a: 2 of 3 merges not tested (nothing to recover)"
     assert undecided_reasons(v[v.model == "b"]).startswith("none")
+
+
+def test_s_under_vl_uses_the_seeds_and_the_summary_says_so():
+    import pandas as pd
+    from sinklib import claims as C
+
+    rows = pd.DataFrame([{"model": "a", "condition": c, "S change": v} for c, v in
+                         (("vl", 0.06), ("vl seed 1", 0.07), ("vl seed 2", 0.065), ("text_only", -0.2))]
+                        + [{"model": "b", "condition": "vl", "S change": -0.01}])
+    assert C.s_under_vl(rows, "a").startswith("rose: +0.065 [") and "(t interval over 3 training seeds)" in C.s_under_vl(rows, "a")
+    assert C.s_under_vl(rows, "b") == "fell (point value, training seed 0)"
+    assert C.s_under_vl(rows, "c") == "not measured"
+    v = pd.DataFrame([{"model": m, "strict format vs knowledge under VL": "within noise", "text-only vs VL (strict format)":
+                       "within noise", "random vs VL (strict format)": "within noise", "S under VL": C.s_under_vl(rows, m)}
+                      for m in ("a", "b")])
+    assert C.chapter4_summary(v).endswith("S fell under VL (t interval over the training seeds): b")

@@ -130,3 +130,18 @@ def test_a_series_can_restore_the_base_from_elsewhere_instead_of_a_copy(cache, m
     again = sk_cache.load_state(dirs[3], lm.model)
     pair = pairs.build_pair(lm, _params(), progress=False)
     assert all(torch.equal(again[k], pair.states["text_only"][k]) for k in again)
+
+
+def test_complete_sentence_says_whether_the_spread_lies_between_the_runs():
+    from sinklib.adapt.dose import complete_sentence
+
+    def rows(vl, text):
+        return pd.DataFrame([{"model": "m", "kind": k, "step": s, "strict-format mean change": v,
+                              "sink mass change": v / 1000} for k, vs in (("text_only", text), ("vl", vl))
+                             for s, v in zip((20, 40, 60), vs)])
+
+    done = complete_sentence(rows([1.0, 1.4, -0.01], [-18.7, -19.8, -19.6]))
+    assert "text-only -18.7 at step 20" in done and "0.0 at step 60" in done
+    assert "each run's changes were complete by step 20, and the rho contrasts the two runs" in done
+    growing = complete_sentence(rows([-2.0, -6.0, -10.0], [-5.0, -12.0, -20.0]))
+    assert "complete by" not in growing and "traces a dose as well" in growing

@@ -244,3 +244,19 @@ def test_four_panel_sentence_follows_chapter_11s_results(monkeypatch):
     assert "the model with the highest S" not in findings.four_panel(Results())
     doc["pairs"] = pairs[:2] + pairs[3:]  # fewer than three pairs in the test: no sentence
     assert findings.four_panel(Results()) == ""
+
+
+def test_s_trajectory_says_which_way_s_moved_per_model(monkeypatch):
+    def rows(m, vl, to):
+        return ([{"model": m, "condition": "vl" + ("" if i == 0 else f" seed {i}"), "S change": v} for i, v in enumerate(vl)]
+                + [{"model": m, "condition": "text_only" + ("" if i == 0 else f" seed {i}"), "S change": v}
+                   for i, v in enumerate(to)])
+    doc = {"results": {"scores": [{"model": "a"}, {"model": "b"}],
+                       "sink_text": {"rows": rows("a", [0.06, 0.07, 0.065], [-0.05, -0.06, -0.07])
+                                     + rows("b", [-0.1, 0.1, 0.0], [0.01, 0.02, -0.01])}}}
+    s = findings.s_trajectory(lambda stem: doc)
+    assert s.startswith("Sink Strength S under VL training rose in a (the paper's trajectory has it fall)")
+    assert "a: VL +0.065 [" in s and "(rose; 3 of 3 seeds above zero), text-only −0.060 [" in s and "(fell; 0 of 3" in s
+    assert "b: VL 0.000 [" in s and "(did not move outside the noise; 1 of 3 seeds above zero)" in s
+    none = {"results": {"scores": [{"model": "b"}], "sink_text": {"rows": rows("b", [-0.1, 0.1, 0.0], [0.0, 0.1])}}}
+    assert findings.s_trajectory(lambda stem: none).startswith("Sink Strength S under VL training moved outside the noise in no model")

@@ -243,3 +243,38 @@ def test_condition_means_pool_seed_replicates_before_correlating():
     strict = corr[corr.metric == "strict-format mean"].iloc[0]
     assert strict["n"] == 4 and strict["rho"] == pytest.approx(1.0)
     assert strict["p"] >= 2 / 24 - 1e-12       # n = 4: the smallest exact two-sided p is 2/24
+
+
+def _means(rows):
+    return pd.DataFrame([{"model": m, "condition": c, "sink mass change": s, "strict-format mean change": f,
+                          "knowledge acc change": 0.0, "replicates": r} for m, c, s, f, r in rows])
+
+
+def test_sink_caveat_counts_sizes_and_names_the_opposite_sign():
+    rows = [("m", "vl", 0.01, 1.0, 3), ("m", "text_only", -0.02, -19.0, 3), ("m", "random", 0.0001, 0.5, 3),
+            ("m", "text_sentence", 0.005, -8.0, 1)] + [("m", f"random x{k:g}", -0.001 * k, -k, 1) for k in (2, 4, 8, 16, 32)]
+    s = isolate.sink_caveat(_means(rows), {("m", "text_sentence"): True, ("m", "text_only"): True})
+    assert s.startswith("m: 5 of its 9 conditions are the 1x random direction at other sizes, so its rho largely")
+    assert "over its other 4 conditions, strict-format mean rho" in s
+    assert "text-only, sentences (sink mass +0.0050, strict-format mean -8.0)" in s and "text-only (sink" not in s
+    assert "VL, text-only and random are means over 3 training seeds, the other conditions training seed 0 alone" in s
+    few = isolate.sink_caveat(_means(rows[:4] + rows[4:5]), {})
+    assert "so its rho largely" not in few and "against the predicted sign" not in few
+
+
+def test_strict_lenient_sentence_follows_the_first_harms():
+    def curve(strict_from, lenient_from):
+        rows = []
+        for k in (1.0, 4.0, 16.0):
+            for metric, f in (("math strict", strict_from), ("math lenient", lenient_from)):
+                hurt = f is not None and k >= f
+                rows.append({"model": "m", "scale": k, "metric": metric, "change": -5.0 if hurt else 0.0,
+                             "lo": -9.0 if hurt else -3.0, "hi": -1.0 if hurt else 3.0})
+        return pd.DataFrame(rows)
+
+    assert "at the same size (16x), so what the random change takes there is arithmetic" in \
+        isolate.strict_lenient_sentence(curve(16.0, 16.0))
+    assert "strict math falls first (4x; lenient from 16x), so the answer format goes first" in \
+        isolate.strict_lenient_sentence(curve(4.0, 16.0))
+    assert "lenient math falls first (4x; strict at no size)" in isolate.strict_lenient_sentence(curve(None, 4.0))
+    assert "neither strict nor lenient" in isolate.strict_lenient_sentence(curve(None, None))

@@ -67,3 +67,28 @@ def test_no_model_with_the_sizes_is_said_in_words():
     f = judge({}, None, VL, SCALES, {})
     assert f.empty and list(f.columns) == ["model", "prediction", "said", "measured", "outcome"]
     assert "none of the four predictions was tested" in sentence(f)
+
+
+def test_display_keeps_every_word_and_no_negative_zero():
+    from sinklib.adapt.sizecheck import display
+
+    vl = pd.DataFrame([{"model": "m", "change": -0.01, "lo": -5.0, "hi": 5.0}])
+    f = judge({"m": _kls(0.01)}, _curve(first_hurt=32.0), vl, SCALES, {"m": 10.0})
+    assert "against VL's 0.0 [-5.0, +5.0]" in f.measured.iloc[2]
+    html = display(f)._repr_html_()
+    assert "between 4x and 64x" in html and "..." not in html
+    assert "rule applied (tolerances of 2 and 3 set after the run)" in html and "the prediction said" not in html
+    assert "not distinguishable from VL" in f.said.iloc[2] and "training seed 0" in f.said.iloc[2]
+
+
+def test_caveat_sentence_gives_the_paired_difference_and_the_size_below_the_first_harm():
+    from sinklib.adapt.sizecheck import caveat_sentence
+    from tests.test_isolate import _ev
+
+    c = _curve(first_hurt=32.0).assign(p=0.5)
+    ev = {("m", "base"): _ev(0, 0.6, 0.6, 0.5), ("m", "vl"): _ev(1, 0.6, 0.6, 0.5),
+          ("m", "random x10"): _ev(2, 0.6, 0.6, 0.5)}
+    s = caveat_sentence(ev, c, {"m": 10.0}, seed=0)
+    assert s.startswith("m: (3) random at 10x minus VL, paired on the same items (training seed 0): ")
+    assert "(4) first harm at 32x; one size below it, at 16x, the strict-format mean changed 0.0 [-3.0, +3.0] (p 0.500)" in s
+    assert caveat_sentence({}, _curve(first_hurt=1000.0).assign(p=0.5), {"m": None}) == ""

@@ -69,6 +69,8 @@ def test_run_table_and_sentence(cache, monkeypatch):
     forced = t.assign(learned=[True, False])
     assert sweep.sentence(forced).startswith("m: learned at lr_lm 1e-05 of 1e-05, 0.001; the least knowledge lost at 1e-05")
     assert "recipe's rate" not in sweep.sentence(forced)  # the best point is the recipe's
+    assert "the smallest rate swept (the edge of the grid), so a smaller rate, not tried, might lose less" in \
+        sweep.sentence(forced)
     other = t.assign(learned=[True, True], recipe=[False, True])
     other.loc[1, "knowledge change"] = -50.0
     r = other.iloc[1]

@@ -115,17 +115,19 @@ def metric_grid(table: pd.DataFrame, cells: Sequence[str], column: str, order: S
     return wide
 
 
-def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random")):
+def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random"), note: str = ""):
     """`paired_table` for display: per model, one row per metric and one column per condition holding
-    'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column."""
+    'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column. `note` opens
+    the legend (e.g. which training seed the table is)."""
     from sinklib.plots import tables
 
     t = table.assign(condition=[CONDITION_LABELS.get(c, c) for c in table.condition])
     wide = metric_grid(t, [interval_cell(c, lo, hi, p) for c, lo, hi, p in zip(t.change, t.lo, t.hi, t.p)],
                        "condition", [CONDITION_LABELS.get(c, c) for c in conditions])
-    return tables(wide, "change from the base model on the same items, points (ppl: perplexity units) [paired "
-                        "bootstrap 95 % interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the "
-                        "strict-format mean; perplexity without a p-value. " + SCORE_LEGEND)
+    legend = ("change from the base model on the same items, points (ppl: perplexity units) [paired bootstrap 95 % "
+              "interval]; p: exact McNemar for pass/fail scores, paired bootstrap for the strict-format mean; "
+              "perplexity without a p-value. " + SCORE_LEGEND)
+    return tables(wide, (note + ": " if note else "") + legend)
 
 
 # ---------------------------------------------------------------------------------------

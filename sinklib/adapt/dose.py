@@ -179,6 +179,37 @@ def dose_table(evaluations: Mapping[tuple[str, str], dict], steps: Sequence[int]
     return rows.sort_values(["model", "kind", "step"], kind="stable").reset_index(drop=True)
 
 
+def complete_sentence(rows: pd.DataFrame, metrics: Sequence[str] = ("strict-format mean change",
+                                                                    "sink mass change")) -> str:
+    """Per model of a `dose_table`: each run's strict-format change at every snapshot, and the share of the spread
+    of each metric over the snapshots that lies between the runs (between-run sum of squares over the total).
+    A share near 1 means each run's change was complete by its first snapshot, so a rho over the snapshots
+    contrasts the runs rather than tracing a dose within one."""
+    from sinklib.adapt.pairs import CONDITION_LABELS
+    from sinklib.core.numbers import signed
+
+    parts = []
+    for m, g in rows.groupby("model", sort=False):
+        runs = [(k, r.sort_values("step")) for k, r in g.groupby("kind", sort=False)]
+        first = int(g.step.min())
+        series = "; ".join(f"{CONDITION_LABELS.get(k, k)} " + ", ".join(
+            f"{signed(v)} at step {int(s)}" for s, v in zip(r.step, r["strict-format mean change"])) for k, r in runs)
+        shares = []
+        for metric in metrics:
+            total = float(((g[metric] - g[metric].mean()) ** 2).sum())
+            between = float(sum(len(r) * (r[metric].mean() - g[metric].mean()) ** 2 for _, r in runs))
+            shares.append((metric.replace(" change", ""), between / total if total > 0 else float("nan")))
+        share_text = " and ".join(f"{100 * v:.0f} % of the {name}'s" for name, v in shares)
+        done = all(v >= 0.9 for _, v in shares)
+        parts.append(f"{m}: strict-format mean {series}; the difference between the runs makes up {share_text} "
+                     f"spread over the snapshots, so " + (
+                         f"each run's changes were complete by step {first}, and the rho contrasts the two runs "
+                         "rather than tracing a dose within one" if done else
+                         "the runs also vary within themselves, and the rho traces a dose as well as the "
+                         "difference between the runs"))
+    return ". ".join(parts)
+
+
 def run(lm_by: Mapping[str, Any], built: Mapping[str, Any], steps: Sequence[int], evaluations: dict, *,
         progress: bool = False, vqa_n: int = 0, **evaluate_kwargs: Any) -> dict[str, float]:
     """Chapter 4's dose-response for every model of `lm_by`: train (or load) each kind's series up to the pair's

@@ -174,6 +174,27 @@ def harm_sentence(curve: pd.DataFrame, metrics: Sequence[str] = ("strict-format 
     return ". ".join(parts)
 
 
+def strict_lenient_sentence(curve: pd.DataFrame) -> str:
+    """Per model of a `random_curve`: where strict and lenient math first fall outside the noise, and what that
+    says: falling together (the change takes arithmetic, not only the answer format), strict first (format
+    first), lenient first, or neither at any size."""
+    parts = []
+    for m, g in curve.groupby("model", sort=False):
+        s, le = first_harm(g, "math strict").get(m), first_harm(g, "math lenient").get(m)
+        if s is None and le is None:
+            parts.append(f"{m}: neither strict nor lenient math falls outside the noise at any size")
+        elif s is not None and le is not None and np.isclose(s, le):
+            parts.append(f"{m}: strict and lenient math first fall outside the noise at the same size ({s:g}x), "
+                         "so what the random change takes there is arithmetic, not only the answer format")
+        elif le is None or (s is not None and s < le):
+            parts.append(f"{m}: strict math falls first ({s:g}x; lenient "
+                         f"{'at no size' if le is None else f'from {le:g}x'}), so the answer format goes first")
+        else:
+            parts.append(f"{m}: lenient math falls first ({le:g}x; strict "
+                         f"{'at no size' if s is None else f'from {s:g}x'}), so arithmetic goes before the format")
+    return "; ".join(parts)
+
+
 # ---------------------------------------------------------------------------------------
 # does the sink move with the format? (across every adapted condition of a model)
 
@@ -266,6 +287,51 @@ def correlation_sentence(corr: pd.DataFrame, level: float = 0.05) -> str:
                  else f"{r.metric.replace(' acc', '')}: no rho (a side is constant or n < 3)" for r in g.itertuples()]
         parts.append(f"{m}: " + ", ".join(cells))
     return "; ".join(parts)
+
+
+def _against(g: pd.DataFrame, outside: Mapping[tuple[str, str], bool], labels: Mapping[str, str]) -> list[str]:
+    """Conditions of one model whose strict-format change lies outside the noise while the sink mass moved the
+    other way (the opposite of the sign the mechanism predicts)."""
+    out = []
+    for _, r in g.iterrows():
+        sink, fmt = r["sink mass change"], r["strict-format mean change"]
+        if outside.get((r.model, r.condition)) and sink * fmt < 0:
+            out.append(f"{labels.get(r.condition, r.condition)} (sink mass {sink:+.4f}, strict-format mean {fmt:+.1f})")
+    return out
+
+
+def sink_caveat(means: pd.DataFrame, outside: Mapping[tuple[str, str], bool] | None = None, seed: int = 0) -> str:
+    """How to read `sink_text_correlation` over `condition_means`, per model: how many of its conditions are the
+    random direction at other sizes (a change-size effect moves sink and format together, whatever the mechanism),
+    the rho of the strict-format mean over the other conditions, the conditions whose strict-format change is
+    outside the noise (`outside`: {(model, condition): bool}) while the sink mass moved the other way, and which
+    condition means average several training seeds (the others are the chapter's `seed` alone)."""
+    from sinklib.adapt.pairs import CONDITION_LABELS as labels
+
+    outside = outside or {}
+    parts = []
+    for m, g in means.groupby("model", sort=False):
+        sized = g.condition.astype(str).str.startswith("random x").to_numpy()
+        rest, clauses = g[~sized], []
+        if sized.any():
+            clauses.append(f"{int(sized.sum())} of its {len(g)} conditions are the 1x random direction at other sizes"
+                           + (", so its rho largely measures a change-size effect common to sink and format, which "
+                              "is no evidence for the mechanism beyond that" if sized.sum() > len(g) / 2 else ""))
+            if len(rest) >= 3:
+                c = sink_text_correlation(rest, ("strict-format mean",))
+                clauses.append(f"over its other {len(rest)} conditions, " + correlation_sentence(c).split(": ", 1)[1])
+        against = _against(rest, outside, labels)
+        if against:
+            clauses.append("the sink mass moved against the predicted sign while the strict-format change lies "
+                           "outside the noise: " + ", ".join(against))
+        reps = rest[rest.replicates > 1]
+        if len(reps):
+            names = [labels.get(c, c) for c in reps.condition]
+            clauses.append(f"{', '.join(names[:-1])}{' and ' if len(names) > 1 else ''}{names[-1]} are means over "
+                           f"{int(reps.replicates.max())} training seeds, the other conditions training seed {seed} alone")
+        text = f"{m}: " + "; ".join(clauses) if clauses else f"{m}: one training seed, no sizes"
+        parts.append(text)
+    return ". ".join(parts)
 
 
 def critical_sentence(rows: pd.DataFrame, level: float = 0.05) -> str:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from sinklib.adapt.isolate import first_harm, scaled_name
 from sinklib.adapt.yardstick import matched_size
+from sinklib.core.numbers import interval, signed
 from sinklib.errors import ParameterError
 
 RATIO_MIN = 10.0
@@ -26,6 +27,8 @@ SLOPE_SPAN = (1.7, 2.3)
 MATCH_SPAN = (4.0, 64.0)
 HARM_SIZES = (32.0, 64.0)
 HARM_METRICS = ("strict-format mean", "knowledge acc")
+#: the display's name of the rule column: the words were written before the run, the tolerances after it
+RULE_COLUMN = "rule applied (tolerances of 2 and 3 set after the run)"
 
 
 def kl_slope(kls: Mapping[str, Mapping], scales: Sequence[float]) -> float | None:
@@ -61,12 +64,12 @@ def _curve_rows(m: str, g: pd.DataFrame, k: float | None, vl: Mapping[str, float
     rows = []
     at = g[(g.metric == "strict-format mean") & np.isclose(g.scale, k)] if k is not None else g.iloc[:0]
     if k is None or at.empty or vl is None:
-        rows.append(_row(m, 3, "at the KL-matched size, inside VL's strict-format interval",
+        rows.append(_row(m, 3, "at the KL-matched size, not distinguishable from VL (inside VL's strict-format interval, training seed 0)",
                          "no KL-matched size evaluated", None))
     else:
         c = float(at.change.iloc[0])
-        rows.append(_row(m, 3, "at the KL-matched size, inside VL's strict-format interval",
-                         f"{c:+.1f} at {k:g}x against VL's {vl['change']:+.1f} [{vl['lo']:+.1f}, {vl['hi']:+.1f}]",
+        rows.append(_row(m, 3, "at the KL-matched size, not distinguishable from VL (inside VL's strict-format interval, training seed 0)",
+                         f"{signed(c)} at {k:g}x against VL's {interval(vl['change'], vl['lo'], vl['hi'])}",
                          vl["lo"] <= c <= vl["hi"]))
     firsts = [first_harm(g, metric).get(m) for metric in HARM_METRICS]
     hit = [f for f in firsts if f is not None]
@@ -96,6 +99,56 @@ def judge(kls_by: Mapping[str, Mapping[str, Mapping]], curve: pd.DataFrame | Non
     return pd.DataFrame(rows, columns=["model", "prediction", "said", "measured", "outcome"])
 
 
+def display(frame: pd.DataFrame):
+    """`judge`'s table as the chapter shows it: one row per model and prediction, no cell cut short."""
+    from sinklib.plots import Table
+
+    shown = frame.rename(columns={"said": RULE_COLUMN, "measured": "this run measured"})
+    return Table(shown.set_index(["model", "prediction"]),
+                 "Outcome by the rule of sinklib.adapt.sizecheck; intervals are paired 95 % bootstrap intervals "
+                 "(points of the strict-format mean), sizes are multiples of VL's weight-change norm.")
+
+
+def _below_first(g: pd.DataFrame, first: float | None) -> str:
+    """The size just below the first harm, on the metric that hurt first, with its interval and p."""
+    if first is None:
+        return ""
+    for metric in HARM_METRICS:
+        sub = g[g.metric == metric].sort_values("scale")
+        if first_harm(sub, metric).get(g.model.iloc[0]) == first:
+            before = sub[sub.scale < first]
+            if len(before):
+                r = before.iloc[-1]
+                return (f"one size below it, at {r.scale:g}x, the {metric.replace(' acc', '')} changed "
+                        f"{interval(r.change, r.lo, r.hi)} (p {r.p:.3f})")
+    return ""
+
+
+def caveat_sentence(evaluations: Mapping[tuple[str, str], dict], curve: pd.DataFrame,
+                    kl_sizes: Mapping[str, float | None], seed: int = 0) -> str:
+    """What (3) and (4) rest on, per model: the paired difference random at the KL-matched size minus VL on the
+    strict-format mean (same items, training seed `seed`), and the size just below the first harm (each size
+    has its own uncorrected interval)."""
+    from sinklib.adapt.isolate import _pair_rows
+
+    parts = []
+    for m, g in curve.groupby("model", sort=False):
+        clauses, k = [], kl_sizes.get(m)
+        name = scaled_name(k) if k is not None else None
+        if name is not None and (m, name) in evaluations and (m, "vl") in evaluations:
+            t = _pair_rows(evaluations, m, "vl", name, seed)
+            r = t[t.metric == "strict-format mean"].iloc[0]
+            clauses.append(f"(3) random at {k:g}x minus VL, paired on the same items (training seed {seed}): "
+                           f"{interval(r.change, r.lo, r.hi)} points of the strict-format mean")
+        firsts = [f for f in (first_harm(g, metric).get(m) for metric in HARM_METRICS) if f is not None]
+        below = _below_first(g, min(firsts) if firsts else None)
+        if below:
+            clauses.append(f"(4) first harm at {min(firsts):g}x; {below}")
+        if clauses:
+            parts.append(f"{m}: " + "; ".join(clauses))
+    return ". ".join(parts)
+
+
 def sentence(frame: pd.DataFrame) -> str:
     """'smollm2-135m: 3 of 4 predictions as predicted (1, 2, 3); not as predicted: 4 (first at 16x); ...'."""
     if frame.empty:
@@ -113,4 +166,4 @@ def sentence(frame: pd.DataFrame) -> str:
     return ". ".join(parts)
 
 
-__all__ = ["kl_slope", "judge", "sentence", "RATIO_MIN", "SLOPE_SPAN", "MATCH_SPAN", "HARM_SIZES"]
+__all__ = ["kl_slope", "judge", "display", "caveat_sentence", "sentence", "RULE_COLUMN", "RATIO_MIN", "SLOPE_SPAN", "MATCH_SPAN", "HARM_SIZES"]

@@ -187,6 +187,10 @@ def sentence(t: pd.DataFrame) -> str:
                 f"{', '.join(f'{x:g}' for x in g.lr_lm)}; the least knowledge lost at {best.lr_lm:g} "
                 f"(VQA {best['VQA vqa']:.1f} % vs majority {best['VQA majority']:.1f} %, knowledge "
                 f"{interval_cell(best['knowledge change'], best['knowledge lo'], best['knowledge hi'])} pt)")
+        edge = ("smallest" if best.lr_lm == g.lr_lm.min() else "largest" if best.lr_lm == g.lr_lm.max() else "")
+        if edge and len(g) > 1:
+            text += (f", the {edge} rate swept (the edge of the grid), so a "
+                     f"{'smaller' if edge == 'smallest' else 'larger'} rate, not tried, might lose less")
         rec = g[g.recipe]
         if len(rec) and not bool(rec.iloc[0].recipe and rec.iloc[0].lr_lm == best.lr_lm):
             r = rec.iloc[0]

@@ -2,7 +2,7 @@
 (``python -m sinklib.claims``). The machinery is in `core`, the claims in one module per chapter's rows (`ch1_3`,
 `ch4`, `ch5_7`, `ch6`, `ch8`), and `registry.CLAIMS` lists them in the page's order."""
 from sinklib.claims.ch1_3 import COST_RATIO_MAX, SINK_MARGIN
-from sinklib.claims.ch4 import chapter4_summary, chapter4_verdicts, models4
+from sinklib.claims.ch4 import chapter4_summary, chapter4_verdicts, models4, s_under_vl
 from sinklib.claims.ch6 import (INJECT_TOP1_MIN, merge_recovers, merge_verdict, merge_worse, outcome_counts,
     undecided_reasons, vqa_not_learned)
 from sinklib.claims.core import (CH4, CH5, CH6, CH7, CH8, NO_VQA, Claim, Evaluated, Results, Row, claim,

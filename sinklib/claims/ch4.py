@@ -44,8 +44,25 @@ def chapter4_summary(verdict) -> str:
              f"text-only lost less than VL: {who('text-only vs VL (strict format)', 'text-only lost less (')}",
              f"random lost more than VL: {who('random vs VL (strict format)', 'random lost more (')}"]
     if "S under VL" in verdict:
-        parts.append(f"S fell under VL (point values, no interval): {who('S under VL', 'fell')}")
+        seeded = any("t interval" in str(v) for v in verdict["S under VL"])
+        note = "t interval over the training seeds" if seeded else "point values, no interval"
+        parts.append(f"S fell under VL ({note}): {who('S under VL', 'fell')}")
     return "; ".join(parts)
+
+
+def s_under_vl(rows, model: str, seed: int = 0) -> str:
+    """The change of S under VL for a verdict table, from `isolate.sink_text_rows` (one row per training seed):
+    'rose'/'fell'/'within noise' by the t interval over the seeds where there are two or more, else by the point
+    value of the one seed."""
+    xs = [float(x) for x in rows.loc[(rows.model == model) & (rows.condition.str.split(" seed ").str[0] == "vl"),
+                                     "S change"]]
+    if not xs:
+        return "not measured"
+    e = t_interval(xs)
+    if e is None:
+        return f"{'fell' if xs[0] < 0 else 'rose'} (point value, training seed {seed})"
+    word = "fell" if e.hi < 0 else "rose" if e.lo > 0 else "within noise"
+    return f"{word}: {est(e, 3)} (t interval over {len(xs)} training seeds)"
 
 
 def models4(doc: dict) -> list[str]:

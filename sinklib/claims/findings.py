@@ -88,19 +88,34 @@ def _s_changes(doc: dict, model: str, cond: str) -> list[float]:
     return [r["S change"] for r in rows if r["model"] == model and r["condition"].split(" seed ")[0] == cond]
 
 
+def _direction(e: Est) -> str:
+    return "fell" if e.hi < 0 else "rose" if e.lo > 0 else "did not move outside the noise"
+
+
 def s_trajectory(res: Results) -> str:
+    """S under VL and under text-only over the training seeds (t intervals), with its direction per model and the
+    number of seeds on each side of zero."""
     doc = res(CH4)
-    parts, vls = [], []
+    parts, vls = [], {}
     for m in _models(doc):
-        v, t = t_interval(_s_changes(doc, m, "vl")), t_interval(_s_changes(doc, m, "text_only"))
-        if v and t:
-            parts.append(f"{m}: VL {est(v, 3)}, text-only {est(t, 3)}")
-            vls.append(v)
+        cells = []
+        for cond, label in (("vl", "VL"), ("text_only", "text-only")):
+            xs = _s_changes(doc, m, cond)
+            e = t_interval(xs)
+            if e is None:
+                break
+            up = sum(x > 0 for x in xs)
+            cells.append(f"{label} {est(e, 3)} ({_direction(e)}; {up} of {len(xs)} seeds above zero)")
+            if cond == "vl":
+                vls[m] = e
+        if len(cells) == 2:
+            parts.append(f"{m}: {', '.join(cells)}")
     if not parts:
         return ""
-    fell = any(v.hi < 0 for v in vls)
-    return (f"Sink Strength S {'fell' if fell else 'did not fall'} under VL training (the paper's trajectory has it "
-            f"fall); the change in S over the training seeds (t intervals) is {'; '.join(parts)}.")
+    by = {w: [m for m, e in vls.items() if _direction(e) == w] for w in ("fell", "rose")}
+    head = "; ".join(f"{w} in {' and '.join(ms)}" for w, ms in by.items() if ms) or "moved outside the noise in no model"
+    return (f"Sink Strength S under VL training {head} (the paper's trajectory has it fall); the change in S over "
+            f"the training seeds (t intervals) is {'; '.join(parts)}.")
 
 
 def _bos(res: Results) -> list[tuple[str, Est, list[tuple[str, Est]]]]:

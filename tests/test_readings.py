@@ -1,0 +1,85 @@
+"""sinklib.adapt.readings: chapter 4's sentences whose direction follows the data, on made-up per-item outcomes
+and tables where the answer is known."""
+import numpy as np
+import pandas as pd
+
+from sinklib.adapt import readings as R
+from sinklib.evals.paired import pack
+
+N = 120
+
+
+def _out(p_instr, p_math, p_len, p_know, seed):
+    rng = np.random.default_rng(seed)
+    return pack({"instructions strict": list(rng.random(N) < p_instr), "math strict": list(rng.random(N) < p_math),
+                 "math lenient": list(rng.random(N) < p_len), "knowledge acc": list(rng.random(N) < p_know)})
+
+
+def _doc(text_only_lenient=0.1):
+    """Base passes about half of everything; VL keeps it; text-only loses strict math (and lenient math when
+    `text_only_lenient` is low); two extra training seeds of each."""
+    raw = {k: [i % 2 == 0 for i in range(N)] for k in ("instructions strict", "math strict", "math lenient",
+                                                      "knowledge acc")}
+    base = pack(raw)
+    outs = {"base": base}
+    for s in (0, 1, 2):
+        tag = "" if s == 0 else f" seed {s}"
+        outs["vl" + tag] = base
+        outs["text_only" + tag] = pack({**raw, "instructions strict": [False] * N, "math strict": [False] * N,
+                                        "math lenient": [v and (i % 4 != 0 if text_only_lenient < 0.5 else True)
+                                                         for i, v in enumerate(raw["math lenient"])]})
+    scores = [{"model": "m", "condition": c, "suite": k.split()[0], "metric": k.split()[1], "score": 50.0, "lo": 40.0,
+               "hi": 60.0, "n": N} for c in ("base", "vl", "text_only")
+              for k in ("instructions strict", "math strict", "math lenient", "knowledge acc")]
+    return {"results": {"scores": scores, "outcomes": {"m": outs}}}
+
+
+def test_seeds_label_counts_the_seeds():
+    assert R.seeds_label(["a", "b"], ["a", "b"], [1, 2], 0) == "3 training seeds pooled"
+    assert R.seeds_label(["a", "b"], ["a"], [1], 0) == "2 training seeds pooled for a; training seed 0 alone for b"
+    assert R.seeds_label(["a"], ["a"], [], 3) == "training seed 3 alone"
+
+
+def test_loss_source_and_text_only_reading_follow_the_intervals():
+    doc = _doc()
+    s = R.loss_source(doc, ["m"])
+    assert s.startswith("VL lost no strict format outside the noise in any model, so this run has no VL loss")
+    assert "3 training seeds pooled" in s and "the loss it does show is the text-only control's, in m (" in s
+    t = R.text_only_reading(doc, ["m"])
+    assert "strict math fell outside the noise" in t and "lenient math fell outside the noise" in t
+    assert t.endswith("it takes format and some arithmetic")
+    kept = R.text_only_reading(_doc(text_only_lenient=0.9), ["m"])
+    assert "lenient math stayed within the noise" in kept and kept.endswith("the format, not the arithmetic")
+
+
+def test_change_sentence_counts_the_seeds_outside_their_noise():
+    seed_rows = pd.DataFrame([{"model": "m", "condition": "vl", "metric": "knowledge acc", "change": 5.0,
+                               "lo": lo, "hi": lo + 6, "training seed": s} for s, lo in enumerate((1.0, 2.0, -1.0))])
+    s = R.change_sentence(_doc(), seed_rows, ["m"], "vl", ("knowledge acc",))
+    assert s.startswith("m: knowledge stayed within the noise (0.0 [") and "3 training seeds pooled" in s
+    assert s.endswith("seeds outside their own noise: 2 of 3 above zero, 0 below)")
+
+
+def test_format_outside_reads_each_condition():
+    means = pd.DataFrame([{"model": "m", "condition": c} for c in ("vl", "text_only")])
+    assert R.format_outside(_doc(), means) == {("m", "vl"): False, ("m", "text_only"): True}
+
+
+def test_kl_ratio_sentence_says_which_control_moves_the_model_more():
+    s = R.kl_ratio_sentence({"m": {"vl": {"kl": 0.01}, "text_only": {"kl": 0.05}}})
+    assert s.startswith("m: text-only moves the next-token distribution 5.0 times as far as VL (0.050 against 0.010")
+    assert "VL changing the model less" in s
+    assert "about as much" in R.kl_ratio_sentence({"m": {"vl": {"kl": 0.01}, "text_only": {"kl": 0.012}}})
+    assert R.kl_ratio_sentence({}) == "not measured in this run"
+
+
+def test_runtime_note_names_only_the_slow_stages():
+    rows = [{"model": "m", "condition": "vl", "stage": "stage2", "steps": 60, "seconds": 1900, "median s/step": 30.0},
+            {"model": "m", "condition": "vl seed 1", "stage": "stage2", "steps": 60, "seconds": 180, "median s/step": 3.0},
+            {"model": "m", "condition": "vl seed 2", "stage": "stage2", "steps": 60, "seconds": 900, "median s/step": 3.1},
+            {"model": "m", "condition": "text_only", "stage": "stage2", "steps": 60, "seconds": 300, "median s/step": 5.0}]
+    s = R.runtime_note(rows)
+    assert s.startswith("m VL stage 2, training seed 0: 30.0 s per step against 3.0 on another seed; "
+                        "m VL stage 2, training seed 2: 900 s in all against 180 on another seed.")
+    assert "text-only" not in s
+    assert R.runtime_note(rows[1:2] + rows[3:]).startswith("every stage took less than 2 times")
