@@ -208,6 +208,8 @@ def test_random_sizes_evaluates_each_size_per_model_and_plots(monkeypatch):
     assert curve[curve.scale == 8]["relative change"].iloc[0] == pytest.approx(8 * 0.1)
     fig = isolate.plot_random_curve(curve, {"m": -3.0})
     assert fig.axes[0].get_title() == "m"
+    top = fig.axes[0].child_axes[0]  # the multiples of VL's norm, marked on a top axis
+    assert [t.get_text() for t in top.get_xticklabels()] == ["1x", "2x", "8x"]
 
 
 def test_plot_sink_text_labels_every_condition():

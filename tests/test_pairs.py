@@ -233,6 +233,12 @@ def test_findings_sentences_come_from_the_tables():
     assert "S rose under VL" in f["lines"][0] and "-5.0 / -30.0 / +1.0" in f["lines"][1]
 
 
+def test_interval_cell_writes_p_and_zero_plainly():
+    assert pairs.interval_cell(-0.01, -5.5, 5.4, 1.0) == "0.0 [-5.5, +5.4] p=1.000"
+    assert pairs.interval_cell(-19.6, -25.7, -13.6, 1e-5) == "-19.6 [-25.7, -13.6] p<0.001"
+    assert pairs.interval_cell(0.04, -0.04, 0.01) == "0.0 [0.0, 0.0]"  # no p where it is NaN
+
+
 def test_paired_table_and_display():
     from sinklib.evals.paired import pack
 

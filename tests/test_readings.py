@@ -83,3 +83,54 @@ def test_runtime_note_names_only_the_slow_stages():
                         "m VL stage 2, training seed 2: 900 s in all against 180 on another seed.")
     assert "text-only" not in s
     assert R.runtime_note(rows[1:2] + rows[3:]).startswith("every stage took less than 2 times")
+
+
+def _finding_inputs(s_vl=(0.06, 0.07, 0.065), random_change=1.0):
+    sink_rows = pd.DataFrame([{"model": "m", "condition": c, "S change": x}
+                              for c, x in zip(("vl", "vl seed 1", "vl seed 2"), s_vl)])
+    power_rows = pd.DataFrame([{"suite": "m: instructions strict", "items": 72, "paired, flip 0.05": 18.0},
+                               {"suite": "m: math strict", "items": 300, "paired, flip 0.05": 7.0}])
+    curve = pd.DataFrame([{"model": "m", "scale": 8.8, "metric": "strict-format mean", "change": random_change,
+                           "lo": -3.0, "hi": 5.0}])
+    vl_strict = pd.DataFrame([{"model": "m", "change": 0.0, "lo": -5.5, "hi": 5.4}])
+    return dict(sink_rows=sink_rows, power_rows=power_rows, kls={"m": {"vl": {"kl": 0.01}, "text_only": {"kl": 0.047}}},
+                curve=curve, vl_strict=vl_strict, kl_sizes={"m": 8.8})
+
+
+def test_plain_finding_follows_the_data():
+    s = R.plain_finding(_doc(), ["m"], **_finding_inputs())
+    assert s.startswith("In m (values in that order; points of the strict-format mean, 3 training seeds pooled, "
+                        "95 % intervals), VL adaptation cost no detectable strict format (0.0 [")
+    assert "Text-only fine-tuning on the same one-word answers cost a lot of strict format (-" in s
+    assert "it also moved the model further than VL did (its next-token KL from the base model 4.7 times VL's in m" in s
+    assert "S rose under VL over the training seeds (+0.065 [" in s and "where the paper's fell" in s
+    assert "did what VL did in m (8.8x VL's norm: +1.0 points, inside VL's 0.0 [-5.5, +5.4]" in s
+    assert s.endswith('The 72-item instruction suite can see only falls of 18.0 points or more (80 % power), so '
+                      '"no detectable loss" is not "no loss".')
+    other = R.plain_finding(_doc(), ["m"], **_finding_inputs(s_vl=(-0.06, -0.07, -0.065), random_change=-9.0))
+    assert "S fell under VL over the training seeds (-0.065 [" in other and "as the paper's did" in other
+    assert "lost more strict format than VL in m (8.8x VL's norm: -9.0 points, outside VL's" in other
+    mixed = R.plain_finding(_doc(), ["m"], **_finding_inputs(s_vl=(0.1, -0.1, 0.02)))
+    assert "S did not move outside the noise under VL over the training seeds" in mixed
+    bare = R.plain_finding(_doc(), ["m"], sink_rows=_finding_inputs()["sink_rows"],
+                           power_rows=_finding_inputs()["power_rows"])
+    assert "KL" not in bare and "random control" not in bare  # no yardstick, no random sizes: those sentences drop
+
+
+def test_training_line_gap_rates_and_sizes_in_words():
+    logs = {"vl": {"seconds": {"stage1": 513.3, "stage2": 1930.04}}, "text_only": {"seconds": {"stage2": 306.7}}}
+    assert R.training_line("m", {"vl": False, "text_only": False}, logs) == (
+        "m: loaded from the cache: VL (stage 1 513 s, stage 2 1930 s); text-only (stage 2 307 s) (training times of "
+        "the run that trained them)")
+    assert R.training_line("m", {"vl": True, "text_only": False}, logs).startswith(
+        "m: trained now: VL (stage 1 513 s, stage 2 1930 s). loaded from the cache: text-only")
+    assert R.gap_sentence({"m VL": 0.0, "m text-only": 0.0}) == "identical, weight for weight, for m VL and m text-only"
+    assert R.gap_sentence({"m VL": 3.2e-5}) == "largest absolute weight difference 3.2e-05 for m VL"
+    assert R.gap_sentence({}) == "no rerun in this run"
+    assert R.rates_sentence({"a": {"lr_lm": 5e-5, "lr_projector_stage2": 5e-5},
+                             "b": {"lr_lm": 1e-5, "lr_projector_stage2": 1e-5}}) == \
+        "5e-05 for a and 1e-05 for b (the language model and the projector alike)"
+    assert R.rates_sentence({"a": {"lr_lm": 5e-5, "lr_projector_stage2": 1e-4}}) == "5e-05 (projector 0.0001) for a"
+    assert R.sizes_who(["a"], ["a", "b"]) == "a alone ran them (b has the 1x random control only, in the tables above)"
+    assert R.sizes_who(["a", "b"], ["a", "b"]) == "a and b ran them"
+    assert R.qk_norm_words("none") == "no QK-norm" and R.qk_norm_words("per_head") == "per-head QK-norm"

@@ -6,6 +6,7 @@ import torch
 from sinklib.core import cache as sk_cache
 from sinklib.adapt import pairs, sweep
 from sinklib import vl
+from sinklib.core.numbers import signed
 from sinklib.errors import ParameterError
 from tests.test_dose import _lm, _params  # the same tiny pair
 from tests.test_isolate import _ev
@@ -67,7 +68,8 @@ def test_run_table_and_sentence(cache, monkeypatch):
     assert list(t.lr_lm) == [1e-5, 1e-3] and list(t.recipe) == [True, False]
     assert {"VQA vqa", "VQA majority", "learned", "knowledge change", "knowledge lo", "perplexity change", "S"} <= set(t)
     forced = t.assign(learned=[True, False])
-    assert sweep.sentence(forced).startswith("m: learned at lr_lm 1e-05 of 1e-05, 0.001; the least knowledge lost at 1e-05")
+    assert sweep.sentence(forced).startswith(
+        "m: learned the task at 1 of the 2 rates swept (1e-05; not at 0.001); the least knowledge lost at 1e-05")
     assert "recipe's rate" not in sweep.sentence(forced)  # the best point is the recipe's
     assert "the smallest rate swept (the edge of the grid), so a smaller rate, not tried, might lose less" in \
         sweep.sentence(forced)
@@ -75,8 +77,8 @@ def test_run_table_and_sentence(cache, monkeypatch):
     other.loc[1, "knowledge change"] = -50.0
     r = other.iloc[1]
     assert sweep.sentence(other).endswith(
-        f", where the recipe's rate 0.001 reaches VQA 50.0 % with knowledge -50.0 [{r['knowledge lo']:+.1f}, "
-        f"{r['knowledge hi']:+.1f}] pt and perplexity {r['perplexity change']:+.2f}")
+        f", where the recipe's rate 0.001 reaches VQA 50.0 % with knowledge -50.0 [{signed(r['knowledge lo'])}, "
+        f"{signed(r['knowledge hi'])}] pt and perplexity {r['perplexity change']:+.2f}")
     assert "no swept rate learned" in sweep.sentence(t.assign(learned=False))
     shown = sweep.display(t).frame
     assert list(shown.index.get_level_values("stage-2 lr")) == ["1e-05 (recipe)", "0.001"]
@@ -84,6 +86,15 @@ def test_run_table_and_sentence(cache, monkeypatch):
     with pytest.raises(ParameterError, match="lrs"):
         sweep.run(lm, _params(), [], eval_n={}, seed=0, prompts=[], sink_kwargs={}, vqa_n=1)
     assert isinstance(t, pd.DataFrame)
+
+
+def test_learned_at_says_which_rates_taught_the_task():
+    assert sweep.learned_at([1e-5, 5e-5], [1e-5, 5e-5, 1e-4]) == \
+        "learned the task at 2 of the 3 rates swept (1e-05, 5e-05; not at 0.0001)"
+    assert sweep.learned_at([1e-5], [1e-5, 5e-5, 1e-4]) == \
+        "learned the task at 1 of the 3 rates swept (1e-05; not at 5e-05 or 0.0001)"
+    assert sweep.learned_at([1e-5, 5e-5], [1e-5, 5e-5]) == "learned the task at all 2 rates swept (1e-05, 5e-05)"
+    assert sweep.learned_at([5e-5], [5e-5]) == "learned the task at the only rate swept (5e-05)"
 
 
 def test_chapter_sweeps_each_model_and_checks_the_recipe_point(cache, monkeypatch):

@@ -98,9 +98,12 @@ def merge_verdict_table(verdicts: pd.DataFrame):
 
 
 def interval_cell(change: float, lo: float, hi: float, p: float = float("nan")) -> str:
-    """'change [lo, hi] p=...' for display (p < 0.001 as '<0.001'; no p where it is NaN)."""
-    cell = f"{change:+.1f} [{lo:+.1f}, {hi:+.1f}]"
-    return cell if p != p else f"{cell} p={'<0.001' if p < 0.001 else f'{p:.3f}'}"
+    """'change [lo, hi] p=...' for display, each number `signed` (no '-0.0'); p < 0.001 as 'p<0.001'; no p
+    where it is NaN."""
+    from sinklib.core.numbers import interval
+
+    cell = interval(change, lo, hi)
+    return cell if p != p else f"{cell} {'p<0.001' if p < 0.001 else f'p={p:.3f}'}"
 
 
 def metric_grid(table: pd.DataFrame, cells: Sequence[str], column: str, order: Sequence[str] | None = None) -> pd.DataFrame:
@@ -117,7 +120,7 @@ def metric_grid(table: pd.DataFrame, cells: Sequence[str], column: str, order: S
 
 def paired_display(table: pd.DataFrame, conditions: Sequence[str] = ("vl", "text_only", "random"), note: str = ""):
     """`paired_table` for display: per model, one row per metric and one column per condition holding
-    'change [lo, hi]' and the p-value underneath (p < 0.001 as '<0.001'); split to fit the column. `note` opens
+    'change [lo, hi]' and the p-value underneath (p < 0.001 as 'p<0.001'); split to fit the column. `note` opens
     the legend (e.g. which training seed the table is)."""
     from sinklib.plots import tables
 

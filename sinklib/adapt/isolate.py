@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sinklib.core.numbers import interval
 from sinklib.errors import ParameterError
 from sinklib.core.params import check_float
 
@@ -75,7 +76,7 @@ def step_sentence(table: pd.DataFrame, metric: str = "strict-format mean") -> st
     parts = []
     for m, g in table[table.metric == metric].groupby("model", sort=False):
         g = g.set_index("step")
-        cells = [f"{s} {g.loc[s, 'change']:+.1f} [{g.loc[s, 'lo']:+.1f}, {g.loc[s, 'hi']:+.1f}]"
+        cells = [f"{s} {interval(g.loc[s, 'change'], g.loc[s, 'lo'], g.loc[s, 'hi'])}"
                  for s in [s for s, _, _ in STEPS] + [TOTAL]]
         out = [s for s, _, _ in STEPS if g.loc[s, "hi"] < 0 or g.loc[s, "lo"] > 0]
         parts.append(f"{m}: " + "; ".join(cells) + " (outside the noise: " + (", ".join(out) or "no step") + ")")
@@ -406,6 +407,19 @@ def random_sizes(lm_by: Mapping[str, Any], built: Mapping[str, Any], evaluations
     return random_curve(evaluations, [1.0, *scales], seed=seed, vl_change=vl_size)
 
 
+def _multiples_axis(ax, one: float, scales) -> None:
+    """A top axis on Figure 4.6's panel marking the multiples of VL's norm (the whole-model relative size of 1x is
+    `one`): the sizes that are powers of two, labelled '1x', '8x', ..."""
+    import math
+
+    ticks = sorted({float(k) for k in scales if k > 0 and float(math.log2(k)).is_integer()})
+    top = ax.secondary_xaxis("top", functions=(lambda x: x / one, lambda x: x * one))
+    top.set_xticks(ticks, [f"{k:g}x" for k in ticks])
+    top.minorticks_off()
+    top.tick_params(labelsize=7)
+    top.set_xlabel("multiple of VL's norm", fontsize=8)
+
+
 def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
     """Figure 4.6: per model, the strict-format and knowledge changes of the random control against its
     whole-model relative size (log scale), with VL's own size (dotted) and VL's strict-format change (dashed).
@@ -421,11 +435,12 @@ def plot_random_curve(curve: pd.DataFrame, vl_change: Mapping[str, float]):
             ax.errorbar(c["relative change"], c.change, yerr=[c.change - c.lo, c.hi - c.change], marker="o",
                         color=color, capsize=3, label=f"random: {SCORE_LABELS.get(metric, metric)}")
         one = curve[(curve.model == name) & (curve.scale == 1.0)]["relative change"]
-        ax.axhline(vl_change[name], color="C3", ls="--", lw=1, label="VL: strict-format mean")
+        ax.axhline(vl_change[name], color="C3", ls="--", lw=1.5, zorder=3, label="VL: strict-format mean")
         ax.axhline(0, color="k", lw=0.6)
+        ax.set_xscale("log"); ax.set_title(name)
         if len(one):
             ax.axvline(float(one.iloc[0]), color="grey", ls=":", lw=1)
-        ax.set_xscale("log"); ax.set_title(name)
+            _multiples_axis(ax, float(one.iloc[0]), curve[curve.model == name].scale)
         ax.set_xlabel("||dW|| / ||W|| (whole model)"); ax.set_ylabel("change from base (points)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from sinklib.core.numbers import signed
 from sinklib.errors import ParameterError
 from sinklib.core.params import check_int
 
@@ -123,7 +124,7 @@ def summary_cell(row: Mapping[str, Any]) -> str:
     below, above, n = int(row["seeds below zero"]), int(row["seeds above zero"]), int(row["seeds"])
     sig = f"{below}/{n} below" if below or not above else f"{above}/{n} above"
     mark = " !" if row["seed spread exceeds effect"] else ""
-    return f"{row['mean change']:+.1f} ({row['min']:+.1f} to {row['max']:+.1f}), {sig}{mark}"
+    return f"{signed(row['mean change'])} ({signed(row['min'])} to {signed(row['max'])}), {sig}{mark}"
 
 
 def display(summ: pd.DataFrame):
@@ -144,7 +145,7 @@ def display(summ: pd.DataFrame):
 
 
 def verdict_note(summ: pd.DataFrame, model: str, condition: str, metric: str = "strict-format mean",
-                 fmt: Callable[[float], str] = "{:+.1f}".format) -> str:
+                 fmt: Callable[[float], str] = signed) -> str:
     """For a verdict table (and the claims page): the change of `condition` over the training seeds on `metric`
     and whether the seed spread exceeds it ('one training seed' where the model has no extra seeds); `fmt`
     writes each number (the claims page passes its own, with the true minus sign)."""
@@ -177,8 +178,8 @@ def sentence(summ: pd.DataFrame, metric: str = "strict-format mean") -> str:
             n, below, above = int(r.seeds), int(r["seeds below zero"]), int(r["seeds above zero"])
             outside = f"{below} of {n} below zero" + (f", {above} above" if above else "")
             spread = _spread(r)
-            cl.append(f"{CONDITION_LABELS.get(r.condition, r.condition)} {r['mean change']:+.1f} "
-                      f"(seeds {r['min']:+.1f} to {r['max']:+.1f}; {outside}; {spread})")
+            cl.append(f"{CONDITION_LABELS.get(r.condition, r.condition)} {signed(r['mean change'])} "
+                      f"(seeds {signed(r['min'])} to {signed(r['max'])}; {outside}; {spread})")
         parts.append(f"{m} ({int(g.seeds.max())} training seeds): " + ", ".join(cl))
     return "; ".join(parts)
 

@@ -171,6 +171,19 @@ def table(results: Mapping[str, Mapping[str, dict]], *, seed: int, image_size: i
     return pd.DataFrame(rows).sort_values(["model", "lr_lm"], kind="stable").reset_index(drop=True)
 
 
+def learned_at(learned: Sequence[float], swept: Sequence[float]) -> str:
+    """'learned the task at 2 of the 3 rates swept (1e-05, 5e-05; not at 0.0001)': which stage-2 rates taught the
+    visual task, in words ('at all 3 rates swept (...)' or 'at the only rate swept (...)'); `learned` is not empty."""
+    ok, rest = [f"{x:g}" for x in learned], [f"{x:g}" for x in swept if x not in set(learned)]
+    n = len(list(swept))
+    if n == 1:
+        return f"learned the task at the only rate swept ({ok[0]})"
+    if not rest:
+        return f"learned the task at all {n} rates swept ({', '.join(ok)})"
+    return (f"learned the task at {len(ok)} of the {n} rates swept ({', '.join(ok)}; not at "
+            f"{', '.join(rest[:-1]) + (' or ' if len(rest) > 1 else '') + rest[-1]})")
+
+
 def sentence(t: pd.DataFrame) -> str:
     """Per model: the rates whose VL model learned the task, and among those the one with the smallest knowledge
     loss (its VQA and paired knowledge change)."""
@@ -183,8 +196,7 @@ def sentence(t: pd.DataFrame) -> str:
             parts.append(f"{m}: no swept rate learned the task (VQA interval above the majority answer)")
             continue
         best = ok.loc[ok["knowledge change"].idxmax()]
-        text = (f"{m}: learned at lr_lm {', '.join(f'{x:g}' for x in ok.lr_lm)} of "
-                f"{', '.join(f'{x:g}' for x in g.lr_lm)}; the least knowledge lost at {best.lr_lm:g} "
+        text = (f"{m}: {learned_at(list(ok.lr_lm), list(g.lr_lm))}; the least knowledge lost at {best.lr_lm:g} "
                 f"(VQA {best['VQA vqa']:.1f} % vs majority {best['VQA majority']:.1f} %, knowledge "
                 f"{interval_cell(best['knowledge change'], best['knowledge lo'], best['knowledge hi'])} pt)")
         edge = ("smallest" if best.lr_lm == g.lr_lm.min() else "largest" if best.lr_lm == g.lr_lm.max() else "")

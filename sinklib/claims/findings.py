@@ -48,7 +48,7 @@ def vl_format(res: Results) -> str:
     lost = [m for m, e in fs.items() if e.hi < 0]
     head = (f"Chapter 4's miniature vision-language adaptation cost strict-format skill outside the noise in {', '.join(lost)}"
             if lost else "Chapter 4's miniature vision-language adaptation cost no detectable strict-format skill in "
-            f"{'both' if len(fs) == 2 else f'the {len(fs)}'} real models")
+            f"{'either of its two' if len(fs) == 2 else f'any of its {len(fs)}'} embedded real models")
     return (f"{head}: the strict-format change, pooled over the training seeds, is {' and '.join(parts)}; "
             f"{_side(list(fs.values()))}.")
 
@@ -77,10 +77,13 @@ def text_only(res: Results) -> str:
     es = {m: pooled(doc, m, "text_only", "base", strict_metrics())[0] for m in _models(doc)}
     parts = [f"{m} {est(e)}" for m, e in es.items()]
     lost = all(e.hi < 0 for e in es.values())
+    vl_lost = any(pooled(doc, m, "vl", "base", strict_metrics())[0].hi < 0 for m in es)
+    why = ("here the loss is not specific to vision-language training" if vl_lost else
+           "here format loss came with ordinary text fine-tuning while the vision-language adaptation cost none "
+           "detectable")
     return (f"In chapter 4, ordinary text-only fine-tuning to the same end {'did' if lost else 'did not clearly'} cost format: "
             f"{' and '.join(parts)} points ({_side(list(es.values()))})." +
-            (" The paper's control has text-only training lose nothing, so here the loss is not specific to "
-             "vision-language training." if lost else ""))
+            (f" The paper's control has text-only training lose nothing, so {why}." if lost else ""))
 
 
 def _s_changes(doc: dict, model: str, cond: str) -> list[float]:
