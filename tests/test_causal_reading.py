@@ -79,3 +79,17 @@ def test_plain_finding_follows_the_verdicts_and_contrasts():
     assert "As many random heads cost about as much" in s
     assert "Evaluating b without its BOS token cost knowledge acc, but not strict instruction format" in s
     assert "In none" not in R.plain_finding(verdicts, _spec(random_hi=-1.0), pd.DataFrame(), bos, ["a"])
+
+
+def test_plain_finding_names_the_metric_that_fell_and_its_lenient_twin():
+    verdicts = pd.DataFrame([{"model": "a", "control": "sink", "format_dose": 0.5, "knowledge_dose": None}])
+    table = pd.DataFrame([
+        {"model": "a", "dose": 0.5, "control": "sink", "metric": "math strict", "lo": -30, "hi": -10},
+        {"model": "a", "dose": 0.5, "control": "sink", "metric": "math lenient", "lo": -30, "hi": -10},
+        {"model": "a", "dose": 0.5, "control": "sink", "metric": "instructions strict", "lo": -9, "hi": 3}])
+    spec = _spec()
+    spec.loc[0, ["lo", "hi", "sink minus control"]] = [2.0, 20.0, 11.0]  # one contrast the other way
+    s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"], table=table)
+    assert ("What fell was math strict; instructions strict never fell, and math lenient fell with it, so the loss "
+            "is in the task itself") in s
+    assert "go the other way: the random heads cost more (a math strict at 0.3: sink minus random +11.0" in s

@@ -111,8 +111,29 @@ def matched_sentence(full) -> str:
     return "; ".join(parts)
 
 
-def plain_finding(verdicts, spec, full, bos, models: Sequence[str]) -> str:
-    """Three to five plain sentences of what chapter 8 found, every direction from the data."""
+def which_fell(table, models: Sequence[str]) -> str:
+    """Which strict metrics fell under the sink ablation at any dose, and whether their lenient grading fell as
+    far (then the fall is in the skill, not only its format)."""
+    if table is None or not len(table):
+        return ""
+    t = table[(table.control == "sink") & table.model.isin(list(models))]
+    fell = {mt for mt in ("instructions strict", "math strict")
+            if any(falls(r) for r in t[t.metric == mt].to_dict("records"))}
+    if not fell:
+        return ""
+    lenient = {mt for mt in fell if any(falls(r) for r in t[t.metric == mt.replace("strict", "lenient")]
+                                        .to_dict("records"))}
+    never = sorted({"instructions strict", "math strict"} - fell)
+    words = f"What fell was {' and '.join(sorted(fell))}" + (f"; {' and '.join(never)} never fell" if never else "")
+    if lenient:
+        words += (f", and {' and '.join(sorted(m.replace('strict', 'lenient') for m in lenient))} fell with it, "
+                  "so the loss is in the task itself, not only in its format")
+    return words + "."
+
+
+def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) -> str:
+    """Three to six plain sentences of what chapter 8 found, every direction from the data (`table`: the
+    dose-response rows, for which strict metrics fell and whether their lenient grading fell too)."""
     sink = verdicts[verdicts.control == "sink"].set_index("model")
     def dose(m: str, col: str) -> float | None:
         v = sink.loc[m, col] if m in sink.index else None
@@ -126,16 +147,25 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str]) -> str:
         out.append("Removing the sink from the heads that use it most cost strict format before knowledge in "
                    + ", ".join(f"{m} (format from dose {fmt[m]:g})" for m in first)
                    + (" and in no other model" if len(first) < len(fmt) else "") + ".")
+        which = which_fell(table, first)
+        if which:
+            out.append(which)
     else:
         out.append("Removing the sink from the heads that use it most did not cost strict format before knowledge "
                    "in any model.")
     r = spec[(spec.against == "random") & spec.metric.isin(["instructions strict", "math strict"])]
     below = r[r.hi < 0]
+    other = spec[(spec.against == "random") & (spec.lo > 0)]
     out.append("As many random heads cost about as much: " if not len(below) else "Against as many random heads: ")
     out[-1] += (f"in none of {len(r)} strict-format contrasts did the sink heads cost more outside the noise, so "
                 "the fall is not shown to be specific to the sink." if not len(below) else
                 f"the sink heads cost more outside the noise in {len(below)} of {len(r)} strict-format contrasts "
                 "(uncorrected for their number).")
+    if len(other):
+        out[-1] += (" The contrasts outside the noise go the other way: the random heads cost more ("
+                    + ", ".join(f"{m} {mt} at {d:g}: sink minus random {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
+                                zip(other.model, other.metric, other.dose, other["sink minus control"], other.lo,
+                                    other.hi)) + "), although they removed less attention mass.")
     if len(full):
         out.append(f"Where the mass-matched control is matched (dose 1, a look added after the run), {matched_sentence(full)}.")
     m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
