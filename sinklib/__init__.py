@@ -57,10 +57,7 @@ NOTEBOOK_NAMES: dict[str, str] = {
 
 #: module paths that moved, kept importable only for the executed chapters that ran with them (their code
 #: cells must match the source notebooks); each entry goes when no notebook uses it (tests/test_layout.py)
-LEGACY_PATHS: dict[str, str] = {
-    "sinklib.data": "sinklib.core.data", "sinklib.params": "sinklib.core.params",
-    "sinklib.reported": "sinklib.book.reported",
-}
+LEGACY_PATHS: dict[str, str] = {}   # chapters 6 and 8 were the last to use sinklib.data, .params and .reported
 
 
 def __getattr__(name: str):

@@ -72,7 +72,7 @@ def test_rows_reporting_the_same_change_name_their_suites(monkeypatch):
 
 #: committed results produced from a working tree with uncommitted changes, before this test existed; each
 #: entry goes when its producer reruns from committed code (the test below fails until it is removed)
-DIRTY_BEFORE_31 = {"06_negative_controls", "bench_cpu"}
+DIRTY_BEFORE_31 = {"bench_cpu"}
 
 
 def test_committed_results_come_from_committed_code():

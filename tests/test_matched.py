@@ -82,6 +82,21 @@ def test_match_control_matches_the_sink_mass_on_a_tiny_model():
     assert all(h in r["heads"][l] for l, hs in top.items() for h in hs)  # the sink heads stay in the set
 
 
+def test_removed_mass_skips_the_lm_head_and_measures_what_the_whole_model_does():
+    lm = tiny_model("llama", seed=0)
+    seqs = torch.randint(3, 128, (3, 10), generator=torch.Generator().manual_seed(2)).tolist()
+    heads = {0: [0, 1], 1: [1]}
+    with torch.no_grad(), intervene.sink_intervention(lm.model, heads, mode="remove") as plan:
+        for s in seqs:
+            lm.model(input_ids=torch.tensor([s]))  # the whole model, head included
+    assert matched.removed_mass(lm.model, seqs, heads, 3) == pytest.approx(plan.mean_taken)
+    calls = []
+    h = lm.model.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    matched.removed_mass(lm.model, seqs, heads, 3)
+    h.remove()
+    assert not calls  # the LM head did not run
+
+
 def _table(matched_mass):
     rows = []
     for c, mass, n in (("sink", 0.7, 2), ("random", 0.6, 2), ("matched", matched_mass, 5)):

@@ -498,8 +498,6 @@ def test_injection_table_shows_each_quantity_once():
     assert t.loc[("instructions", "strict"), "original"] == "29.2 [24.2, 34.2]"
 
 
-@pytest.mark.xfail(strict=True, reason="the edit waits for chapter 6's next run (DEVELOPING.md, 'Code-cell changes "
-                   "waiting'); strict, so this test fails as soon as the notebook uses both functions: then drop the mark")
 def test_chapter_6_builds_its_tables_through_sinklib():
     """The notebook's injection table comes from `inject.score_table` (its own pivot of every suite metric showed
     the repeated instruction rows) and Figure 6.1 from `merge.recovery_figure`."""

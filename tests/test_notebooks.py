@@ -83,6 +83,19 @@ def test_run_order_puts_a_reader_after_what_it_reads():
         assert {reader, *read} <= set(NAMES), f"READS_RESULTS_OF names a notebook that does not exist: {reader}, {read}"
 
 
+def test_every_results_file_a_notebook_loads_is_declared():
+    """A chapter that calls load_results("NN_name") runs after NN and goes stale when NN's results change only if
+    READS_RESULTS_OF says so (chapter 6 read chapter 4's VQA majority without it)."""
+    import re
+
+    for n in NAMES:
+        code = "\n".join("".join(c["source"]) for c in json.loads((ROOT / "notebooks" / f"{n}.ipynb").read_text())["cells"]
+                         if c["cell_type"] == "code")
+        read = set(re.findall(r"load_results\(\s*[\"'](\d\d_[a-z0-9_]+)[\"']", code))
+        missing = read - set(book.READS_RESULTS_OF.get(n, ()))
+        assert not missing, f"{n} loads the results of {sorted(missing)}: add them to READS_RESULTS_OF[{n!r}]"
+
+
 def test_toc_lists_every_chapter():
     toc = (ROOT / "_toc.yml").read_text()
     for n in NAMES:
@@ -152,3 +165,17 @@ def test_exercises_page_lists_every_exercise_in_chapter_order():
                   for l in re.findall(r"```\{exercise\}[^\n]*\n:label: ([\w-]+)", c.source)]
         row = next(l for l in page.splitlines() if f"chapters/{path.stem}" in l)
         assert re.findall(r"\{ref\}`([\w-]+)`", row) == labels, f"{path.stem}: exercises page order or list is wrong"
+
+
+@pytest.mark.parametrize("reader", ["06_negative_controls", "08_causal_tests"])
+def test_chapters_that_reuse_chapter_4s_pairs_name_its_models_in_every_profile(reader):
+    """Chapters 6 and 8 read chapter 4's trained pairs (`pairs.chapter4_pairs`), which raises for a model chapter 4
+    did not adapt: in every profile their models must be among chapter 4's (the colab profile named the embedded
+    models while chapter 4's colab profile adapts Qwen)."""
+    default = ["smollm2-135m", "gemma3-270m"]   # the notebooks' own default (checked below)
+    for n in (reader, "04_vl_adaptation"):
+        assert f'models = {json.dumps(default)}' in (ROOT / "notebooks" / f"{n}.ipynb").read_text().replace('\\"', '"')
+    for prof in book.PROFILE_NAMES:
+        ch4 = book.load_profile("04_vl_adaptation", prof).get("models", default)
+        mine = book.load_profile(reader, prof).get("models", default)
+        assert set(mine) <= set(ch4), f"{reader}[{prof}] names {sorted(set(mine) - set(ch4))}, not adapted by chapter 4 there"

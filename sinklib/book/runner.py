@@ -45,9 +45,11 @@ def notebook_names() -> list[str]:
 
 #: notebooks that read another notebook's results (data/results/<name>.json) and so run after it when both
 #: are executed together: chapter 5 reads chapter 4's pairs and chapter 7's controlled panel
-#: (`panel_schema.PANEL_KEYS`); chapter 8 reads chapter 4's pairs; chapter 9 re-reads chapter 7's panel
+#: (`panel_schema.PANEL_KEYS`); chapter 6 reads chapter 4's VQA majority baseline; chapter 8 reads chapter 4's
+#: pairs; chapter 9 re-reads chapter 7's panel
 READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
     "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel", "11_four_panel"),
+    "06_negative_controls": ("04_vl_adaptation",),
     "08_causal_tests": ("04_vl_adaptation",),
     "09_sink_panel": ("07_controlled_panel",),
     "11_four_panel": ("02_sink_strength", "10_calibration"),

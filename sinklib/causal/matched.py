@@ -41,15 +41,17 @@ def removed_mass(model, seqs: Sequence[Sequence[int]], heads: Mapping[int, Seque
                  batch_size: int = 1) -> float:
     """Attention mass removed per query, summed over the intervened heads, divided by `k`, on the token id
     lists `seqs` (the sink is each row's first token). batch_size 1 (the default) pads nothing: padded query
-    rows would be counted as queries and move the mass with the pad token's id."""
+    rows would be counted as queries and move the mass with the pad token's id. Runs the decoder alone
+    (`base_model`): the LM head (Gemma-3's 262k rows, most of that model's arithmetic) does not change the mass."""
     n = sum(len(v) for v in heads.values())
     if not n:
         return 0.0
+    body = getattr(model, "base_model", model)  # the decoder without its LM head: the logits are not needed
     with torch.no_grad(), intervene.sink_intervention(model, heads, mode=mode, take=take) as plan:
         for b0 in range(0, len(seqs), batch_size):
             ids, att = pad_batch(seqs[b0:b0 + batch_size], pad_id, "right")
             dev = next(model.parameters()).device
-            model(input_ids=ids.to(dev), attention_mask=att.to(dev))
+            body(input_ids=ids.to(dev), attention_mask=att.to(dev))
     return plan.mean_taken * n / k
 
 

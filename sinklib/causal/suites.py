@@ -289,7 +289,8 @@ def _chapter8_params() -> dict:
 
     return {**MODEL_PARAMS, "seed": integer(0), "n_prompts": prompt_count, "max_tokens": integer(8, 4096),
             "last_k_layers": integer(1, 1000), "fractions": list_of(number(0.0, 1.0)),
-            "controls": list_of(choice(CONTROLS)), "first_tokens": list_of(choice(FIRST_TOKENS)),
+            "controls": list_of(choice(CONTROLS)), "match_tolerance": number(0.0, 1.0),
+            "first_tokens": list_of(choice(FIRST_TOKENS)),
             "repair_fractions": list_of(number(0.0, 1.0)), "tiny_variants": list_of(choice(_tiny_variants()), min_len=0),
             "tiny_profile": choice(("quick", "full")), **COUNT_PARAMS,
             "eval_batch_size": integer(1, 1024), "show_progress": boolean(), **COMMON}

@@ -27,9 +27,22 @@ def ablation_order(res):
             why = (f"format falls before knowledge, but {' and '.join(early)} make it fall at the same dose or earlier "
                    "(at dose 1 the random heads are every head), so the fall is not specific to the sink heads")
         ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
-        out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else "") + _mass(doc, m), v,
+        fell = _which(doc, m)
+        out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else "") + (f". {fell}" if fell else "")
+                  + _mass(doc, m), v,
                   why + " (rule: the smallest dose whose paired 95 % interval lies below zero)")
     return per_model(out)
+
+
+def _which(doc: dict, model: str) -> str:
+    """Which strict metrics fell under the sink heads, and whether their lenient grading fell too
+    (`causal.reading.which_fell`); empty for a run without per-metric rows."""
+    import pandas as pd
+
+    from sinklib.causal.reading import which_fell
+
+    rows = [r for r in doc["results"].get("dose_response") or [] if "lo" in r and "metric" in r]
+    return which_fell(pd.DataFrame(rows), [model]).rstrip(".") if rows else ""
 
 
 def _early_controls(by: dict, f: float | None) -> list[str]:

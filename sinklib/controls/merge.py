@@ -340,7 +340,7 @@ CHAPTER6_PARAMS = _chapter6_params()
 
 
 def recovery_figure(merged, models):
-    """Chapter 6's merges as points, one panel per model of `models`: the VQA accuracy each merge keeps (x) against
+    """Chapter 6's merges as points, one panel per model of `models`: the VQA accuracy of each merged model (x) against
     its strict-format mean minus the VL model's (y), the base LLM's level dashed; `merged` holds
     `sinklib.adapt.pairs.condition_row` rows (model, condition 'base', 'vl', 'merge:<method>', scores). Points are
     labelled by method with `sinklib.plots.label_points` (no label overlaps another text; points that coincide share
@@ -365,7 +365,7 @@ def recovery_figure(merged, models):
         ax.axhline(fmt["base"] - fmt["vl"], color="tab:green", ls="--", lw=1, label="base LLM level")
         ax.margins(x=0.12, y=0.12)
         ax.set_title(f"{name}: text recovery against visual retention")
-        ax.set_xlabel("VQA accuracy kept by the merged model (%)")
+        ax.set_xlabel("VQA accuracy of the merged model (%)")
         ax.set_ylabel("strict score minus VL (points)")
         ax.legend(loc="lower right")
         points.append((ax, x, y, [c.replace("merge:", "") for c in conds]))

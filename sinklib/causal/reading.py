@@ -1,0 +1,178 @@
+"""Chapter 8 in words: its three dose predictions judged against the run, the mass-matched control where it is
+matched (dose 1, a look added after the run and labelled so), and a plain finding for the top of the Summary.
+Every direction word follows the intervals of `suites.dose_response`'s table and `specific.contrasts`."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sinklib.causal.suites import falls
+from sinklib.core.numbers import interval
+from sinklib.evals.paired import paired_changes
+
+PREDICTED_DOSES = (0.5, 0.7)  # the doses the predictions were written for (session 40)
+
+
+def _row(table, model: str, dose: float, control: str, metric: str):
+    r = table[(table.model == model) & (table.dose == dose) & (table.control == control) & (table.metric == metric)]
+    return None if r.empty else r.iloc[0]
+
+
+def _cell(r) -> str:
+    return interval(r.change, r.lo, r.hi)
+
+
+def prediction_1(table, models: Sequence[str], doses: Sequence[float] = PREDICTED_DOSES) -> str:
+    """(1) strict math falls at the predicted doses under the sink ablation in every model, knowledge does not."""
+    bad, cells = [], []
+    for m in models:
+        for d in doses:
+            math, know = _row(table, m, d, "sink", "math strict"), _row(table, m, d, "sink", "knowledge acc")
+            if math is None or know is None:
+                return "(1) not tested: a predicted dose or suite is missing from this run"
+            ok = falls(math.to_dict()) and not falls(know.to_dict())
+            cells.append(f"{m} at {d:g}: math {_cell(math)}, knowledge {_cell(know)}")
+            bad += [] if ok else [f"{m} at {d:g}"]
+    word = "held" if not bad else f"did not hold ({', '.join(bad)})"
+    return f"(1) {word}: " + "; ".join(cells)
+
+
+def prediction_2(spec, doses: Sequence[float] = PREDICTED_DOSES) -> str:
+    """(2) the random heads cost less strict format than the sink heads outside the noise (sink minus random below
+    zero) at a predicted dose in at least one model."""
+    r = spec[(spec.against == "random") & spec.dose.isin(list(doses)) & spec.metric.isin(["instructions strict",
+                                                                                         "math strict"])]
+    if not len(r):
+        return "(2) not tested: no sink-minus-random contrast at the predicted doses"
+    below = r[r.hi < 0]
+    lo, hi = r["sink minus control"].min(), r["sink minus control"].max()
+    if len(below):
+        where = ", ".join(f"{m} {mt} at {d:g}" for m, mt, d in zip(below.model, below.metric, below.dose))
+        return f"(2) held: the sink heads cost more strict format than as many random heads in {where}"
+    return (f"(2) did not hold: in none of the {len(r)} strict-format contrasts at dose "
+            f"{' and '.join(f'{d:g}' for d in doses)} did the sink heads cost more than as many random heads outside "
+            f"the noise (sink minus random from {lo:+.1f} to {hi:+.1f} points); the random heads also removed less "
+            "attention mass, so even a difference would not have isolated the sink")
+
+
+def prediction_3(spec, table, doses: Sequence[float] = PREDICTED_DOSES) -> str:
+    """(3) the mass-matched control costs about as much as the sink ablation (within the noise)."""
+    r = spec[(spec.against == "matched") & spec.dose.isin(list(doses))]
+    if not len(r):
+        return "(3) not tested: no matched control at the predicted doses"
+    t = r[r.tested]
+    if not len(t):
+        m = table[(table.control == "matched") & table.dose.isin(list(doses))]
+        diff = m.groupby(["model", "dose"]).mass_diff.first() if "mass_diff" in m else []
+        span = (f" (it removed {min(diff):+.3f} to {max(diff):+.3f} of the sink condition's mass per query)"
+                if len(diff) else "")
+        return ("(3) not tested: at the predicted doses the matched control's removed mass was outside the "
+                f"tolerance in every model{span}")
+    inside = t[(t.lo <= 0) & (t.hi >= 0) & t.metric.isin(["instructions strict", "math strict"])]
+    s = t[t.metric.isin(["instructions strict", "math strict"])]
+    word = "held" if len(inside) == len(s) else "did not hold"
+    return f"(3) {word}: {len(inside)} of {len(s)} tested strict-format contrasts inside the noise"
+
+
+def matched_at_full(results: Mapping[str, Mapping], table, models: Sequence[str], seed: int = 0,
+                    metrics: Sequence[str] = ("instructions strict", "math strict", "knowledge acc")):
+    """Sink minus matched at dose 1, paired on the items, for the models whose matched control is within the
+    tolerance there (`matched_ok`): the one dose where the mass is matched. Not part of the pre-registered test
+    (which used the doses below 1); a page shows it labelled as a look added after the run."""
+    import pandas as pd
+
+    rows = []
+    for m in models:
+        ok = table[(table.model == m) & (table.dose == 1.0) & (table.control == "matched")]
+        res = results.get(m, {})
+        if ok.empty or not bool(ok.matched_ok.iloc[0]) or (1.0, "sink") not in res or (1.0, "matched") not in res:
+            continue
+        for ch in paired_changes(res[(1.0, "matched")], res[(1.0, "sink")], seed=seed):
+            if ch["metric"] in metrics:
+                rows.append({"model": m, "metric": ch["metric"], "sink minus matched": ch["change"], "lo": ch["lo"],
+                             "hi": ch["hi"], "p": ch["p"]})
+    return pd.DataFrame(rows, columns=["model", "metric", "sink minus matched", "lo", "hi", "p"])
+
+
+def matched_sentence(full) -> str:
+    """`matched_at_full` in words: where the same attention mass taken from other keys cost more (or less) than
+    taking it from the sink."""
+    if not len(full):
+        return "the matched control is within its tolerance at no dose, so nothing compares it with the sink"
+    parts = []
+    for m, g in full.groupby("model", sort=False):
+        cells = ", ".join(f"{mt} {interval(v, lo, hi)}" for mt, v, lo, hi in
+                          zip(g.metric, g["sink minus matched"], g.lo, g.hi))
+        more = (g.lo > 0).sum()
+        less = (g.hi < 0).sum()
+        how = ("removing the sink cost less than taking the same mass from other keys" if more and not less else
+               "removing the sink cost more than taking the same mass from other keys" if less and not more else
+               "neither cost more outside the noise" if not more and not less else "the metrics disagree")
+        parts.append(f"{m}: {how} (sink minus matched: {cells})")
+    return "; ".join(parts)
+
+
+def which_fell(table, models: Sequence[str]) -> str:
+    """Which strict metrics fell under the sink ablation at any dose, and whether their lenient grading fell as
+    far (then the fall is in the skill, not only its format)."""
+    if table is None or not len(table):
+        return ""
+    t = table[(table.control == "sink") & table.model.isin(list(models))]
+    fell = {mt for mt in ("instructions strict", "math strict")
+            if any(falls(r) for r in t[t.metric == mt].to_dict("records"))}
+    if not fell:
+        return ""
+    lenient = {mt for mt in fell if any(falls(r) for r in t[t.metric == mt.replace("strict", "lenient")]
+                                        .to_dict("records"))}
+    never = sorted({"instructions strict", "math strict"} - fell)
+    words = f"What fell was {' and '.join(sorted(fell))}" + (f"; {' and '.join(never)} never fell" if never else "")
+    if lenient:
+        words += (f", and {' and '.join(sorted(m.replace('strict', 'lenient') for m in lenient))} fell with it, "
+                  "so the loss is in the task itself, not only in its format")
+    return words + "."
+
+
+def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) -> str:
+    """Three to six plain sentences of what chapter 8 found, every direction from the data (`table`: the
+    dose-response rows, for which strict metrics fell and whether their lenient grading fell too)."""
+    sink = verdicts[verdicts.control == "sink"].set_index("model")
+    def dose(m: str, col: str) -> float | None:
+        v = sink.loc[m, col] if m in sink.index else None
+        return None if v is None or v != v else float(v)
+
+    fmt = {m: dose(m, "format_dose") for m in models if m in sink.index}
+    know = {m: dose(m, "knowledge_dose") for m in models if m in sink.index}
+    first = [m for m in fmt if fmt[m] is not None and (know[m] is None or know[m] > fmt[m])]
+    out = []
+    if first:
+        out.append("Removing the sink from the heads that use it most cost strict format before knowledge in "
+                   + ", ".join(f"{m} (format from dose {fmt[m]:g})" for m in first)
+                   + (" and in no other model" if len(first) < len(fmt) else "") + ".")
+        which = which_fell(table, first)
+        if which:
+            out.append(which)
+    else:
+        out.append("Removing the sink from the heads that use it most did not cost strict format before knowledge "
+                   "in any model.")
+    r = spec[(spec.against == "random") & spec.metric.isin(["instructions strict", "math strict"])]
+    below = r[r.hi < 0]
+    other = spec[(spec.against == "random") & (spec.lo > 0)]
+    out.append("As many random heads cost about as much: " if not len(below) else "Against as many random heads: ")
+    out[-1] += (f"in none of {len(r)} strict-format contrasts did the sink heads cost more outside the noise, so "
+                "the fall is not shown to be specific to the sink." if not len(below) else
+                f"the sink heads cost more outside the noise in {len(below)} of {len(r)} strict-format contrasts "
+                "(uncorrected for their number).")
+    if len(other):
+        out[-1] += (" The contrasts outside the noise go the other way: the random heads cost more ("
+                    + ", ".join(f"{m} {mt} at {d:g}: sink minus random {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
+                                zip(other.model, other.metric, other.dose, other["sink minus control"], other.lo,
+                                    other.hi)) + "), although they removed less attention mass.")
+    if len(full):
+        out.append(f"Where the mass-matched control is matched (dose 1, a look added after the run), {matched_sentence(full)}.")
+    m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
+    for m, g in (m_bos.groupby("model", sort=False) if len(m_bos) else []):
+        fell = [r.metric for r in g.itertuples() if r.metric in ("instructions strict", "math strict", "knowledge acc")
+                and falls(r._asdict())]
+        if fell:
+            out.append(f"Evaluating {m} without its BOS token cost {', '.join(fell)}"
+                       + ("" if "instructions strict" in fell else ", but not strict instruction format") + ".")
+    return " ".join(out)

@@ -1,0 +1,95 @@
+"""sinklib.causal.reading: chapter 8's predictions judged, the matched control at dose 1, and the plain finding,
+on made-up tables whose answer is known."""
+import pandas as pd
+
+from sinklib.causal import reading as R
+from sinklib.evals.paired import pack
+
+
+def _dose(math_sink=(-20, -30, -10), know_sink=(-1, -4, 2)):
+    rows = []
+    for m in ("a", "b"):
+        for d in (0.5, 0.7):
+            rows.append({"model": m, "dose": d, "control": "sink", "metric": "math strict", "change": math_sink[0],
+                         "lo": math_sink[1], "hi": math_sink[2]})
+            rows.append({"model": m, "dose": d, "control": "sink", "metric": "knowledge acc", "change": know_sink[0],
+                         "lo": know_sink[1], "hi": know_sink[2]})
+            rows.append({"model": m, "dose": d, "control": "matched", "metric": "math strict", "change": -40,
+                         "lo": -50, "hi": -30, "mass_diff": 0.08 if m == "a" else 0.06, "matched_ok": False})
+    return pd.DataFrame(rows)
+
+
+def _spec(random_hi=5.0, matched_tested=False):
+    rows = []
+    for m in ("a", "b"):
+        for d in (0.3, 0.5, 0.7):
+            for c in ("random", "matched"):
+                rows.append({"model": m, "dose": d, "against": c, "metric": "math strict",
+                             "sink minus control": -3.0, "lo": -10.0, "hi": random_hi,
+                             "tested": c == "random" or matched_tested})
+    return pd.DataFrame(rows)
+
+
+def test_prediction_1_holds_only_when_math_falls_and_knowledge_does_not():
+    assert R.prediction_1(_dose(), ["a", "b"]).startswith("(1) held")
+    assert R.prediction_1(_dose(know_sink=(-9, -15, -3)), ["a", "b"]).startswith("(1) did not hold (a at 0.5")
+    assert R.prediction_1(_dose(math_sink=(-5, -12, 2)), ["a"]).startswith("(1) did not hold")
+    assert "not tested" in R.prediction_1(_dose(), ["c"])
+
+
+def test_prediction_2_needs_a_contrast_below_zero():
+    assert R.prediction_2(_spec()).startswith("(2) did not hold: in none of the 4 strict-format contrasts")
+    assert R.prediction_2(_spec(random_hi=-1.0)).startswith("(2) held")
+
+
+def test_prediction_3_is_not_tested_when_the_mass_was_never_matched():
+    s = R.prediction_3(_spec(), _dose())
+    assert s.startswith("(3) not tested") and "+0.060 to +0.080" in s
+    assert R.prediction_3(_spec(matched_tested=True), _dose()).startswith("(3) held")
+
+
+def _res(sink, matched, n=40):
+    return {(1.0, "sink"): {"outcomes": pack({"math strict": sink, "knowledge acc": [True] * n})},
+            (1.0, "matched"): {"outcomes": pack({"math strict": matched, "knowledge acc": [True] * n})}}
+
+
+def test_matched_at_full_compares_where_the_mass_is_matched_only():
+    n = 40
+    sink, matched = [i % 2 == 0 for i in range(n)], [False] * n  # matched loses every passed item, sink none
+    table = pd.DataFrame([{"model": "a", "dose": 1.0, "control": "matched", "matched_ok": True},
+                          {"model": "b", "dose": 1.0, "control": "matched", "matched_ok": False}])
+    full = R.matched_at_full({"a": _res(sink, matched, n), "b": _res(sink, matched, n)}, table, ["a", "b"])
+    assert set(full.model) == {"a"}
+    m = full[full.metric == "math strict"].iloc[0]
+    assert m["sink minus matched"] == 50.0 and m.lo > 0
+    s = R.matched_sentence(full)
+    assert s.startswith("a: removing the sink cost less than taking the same mass from other keys")
+    assert "matched" in R.matched_sentence(full.iloc[:0]) and "no dose" in R.matched_sentence(full.iloc[:0])
+
+
+def test_plain_finding_follows_the_verdicts_and_contrasts():
+    verdicts = pd.DataFrame([{"model": "a", "control": "sink", "format_dose": 0.3, "knowledge_dose": None},
+                             {"model": "b", "control": "sink", "format_dose": None, "knowledge_dose": 0.5}])
+    bos = pd.DataFrame([{"model": "b", "first token": "none", "metric": "knowledge acc", "change": -20, "lo": -30,
+                         "hi": -10},
+                        {"model": "b", "first token": "none", "metric": "instructions strict", "change": 2, "lo": -9,
+                         "hi": 12}])
+    s = R.plain_finding(verdicts, _spec(), pd.DataFrame(), bos, ["a", "b"])
+    assert "before knowledge in a (format from dose 0.3) and in no other model" in s
+    assert "As many random heads cost about as much" in s
+    assert "Evaluating b without its BOS token cost knowledge acc, but not strict instruction format" in s
+    assert "In none" not in R.plain_finding(verdicts, _spec(random_hi=-1.0), pd.DataFrame(), bos, ["a"])
+
+
+def test_plain_finding_names_the_metric_that_fell_and_its_lenient_twin():
+    verdicts = pd.DataFrame([{"model": "a", "control": "sink", "format_dose": 0.5, "knowledge_dose": None}])
+    table = pd.DataFrame([
+        {"model": "a", "dose": 0.5, "control": "sink", "metric": "math strict", "lo": -30, "hi": -10},
+        {"model": "a", "dose": 0.5, "control": "sink", "metric": "math lenient", "lo": -30, "hi": -10},
+        {"model": "a", "dose": 0.5, "control": "sink", "metric": "instructions strict", "lo": -9, "hi": 3}])
+    spec = _spec()
+    spec.loc[0, ["lo", "hi", "sink minus control"]] = [2.0, 20.0, 11.0]  # one contrast the other way
+    s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"], table=table)
+    assert ("What fell was math strict; instructions strict never fell, and math lenient fell with it, so the loss "
+            "is in the task itself") in s
+    assert "go the other way: the random heads cost more (a math strict at 0.3: sink minus random +11.0" in s
