@@ -56,6 +56,20 @@ def test_bos_sentence_follows_the_data(monkeypatch):
     assert findings.other_findings() == ""          # no chapter run: no sentence invented
 
 
+def test_head_ablation_sentence_reads_chapter_8s_tables(monkeypatch):
+    ver = [{"model": "m", "control": "sink", "format_dose": 0.5, "knowledge_dose": None}]
+    dose = [{"model": "m", "dose": 0.5, "control": "sink", "metric": mt, "change": -20.0, "lo": -30.0, "hi": -10.0}
+            for mt in ("math strict", "math lenient")]
+    spec = [{"model": "m", "dose": 0.5, "against": "random", "metric": "math strict", "sink minus control": -2.0,
+             "lo": -9.0, "hi": 5.0, "tested": True}]
+    _fake(monkeypatch, {"08_causal_tests": {"results": {"verdicts": ver, "dose_response": dose, "specificity": spec}}})
+    s = findings.head_ablation(Results())
+    assert s.startswith("Switching the sink off in chosen heads (chapter 8")
+    assert "math lenient fell with it" in s and "As many random heads cost about as much" in s
+    _fake(monkeypatch, {"08_causal_tests": {"results": {"first_token": []}}})
+    assert findings.head_ablation(Results()) == ""  # an earlier run without H2's contrasts: no sentence
+
+
 def test_rows_reporting_the_same_change_name_their_suites(monkeypatch):
     """One quantity, several numbers (#31): the VL strict-format change of a model appears in rows 5a/5b
     (chapter 4's suites), 8b (chapter 6's) and 9b (chapter 8's) on different items; each row names its suites and

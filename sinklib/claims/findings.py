@@ -150,6 +150,22 @@ def bos_ablation(res: Results) -> str:
                                       "mechanism predicts." if order else ""))
 
 
+def head_ablation(res: Results) -> str:
+    """Chapter 8's head ablation in plain words (`causal.reading.plain_finding` on its stored tables, the BOS
+    ablation left to `bos_ablation`); empty for a run without H2's contrasts."""
+    import pandas as pd
+
+    from sinklib.causal.reading import plain_finding
+
+    doc = res(CH8)["results"]
+    if not doc.get("specificity") or not doc.get("verdicts"):
+        return ""
+    ver = pd.DataFrame(doc["verdicts"])
+    text = plain_finding(ver, pd.DataFrame(doc["specificity"]), pd.DataFrame(doc.get("matched_at_full") or []),
+                         pd.DataFrame(), list(dict.fromkeys(ver.model)), table=pd.DataFrame(doc["dose_response"]))
+    return f"Switching the sink off in chosen heads (chapter 8, paired 95 % intervals): {text}"
+
+
 def _qk_norms(res: Results) -> dict[str, str]:
     """Each model's QK-norm type: chapter 2 records it with S; copies of chapter 2 from before that record fall back
     on chapter 4's panel rows."""
@@ -274,7 +290,7 @@ def powered_dose(res: Results) -> str:
             "changes, the items of one type tend to change together), the interval contains zero.")
 
 
-FINDINGS = (s_by_norm, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_norm, powered_dose)
+FINDINGS = (s_by_norm, head_ablation, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_norm, powered_dose)
 
 
 def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
@@ -298,7 +314,8 @@ def _untested(evaluated: list[Evaluated]) -> str:
 
 def bottom_line(evaluated: list[Evaluated]) -> str:
     res = Results()
-    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, four_panel, text_only, s_trajectory, bos_ablation)]
+    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, four_panel, text_only, s_trajectory, head_ablation,
+                                           bos_ablation)]
     sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}. {_untested(evaluated)}".rstrip(),
                   _verdicts_sentence(evaluated)]
     return "\n\n".join(s for s in sentences if s)
@@ -310,7 +327,8 @@ def other_findings() -> str:
     return "\n".join(f"- {x}" for x in items if x)
 
 
-#: findings beyond the claim rows that belong on a chapter's "What we found"
+#: findings beyond the claim rows that belong on a chapter's "What we found" (chapter 8's head ablation is the
+#: plain finding atop its own Summary, so only the bottom line and "other findings" carry `head_ablation`)
 CHAPTER_FINDINGS: dict[str, tuple[Callable[[Results], str], ...]] = {
     CH2: (s_by_norm,), CH4: (s_trajectory, powered_dose), "06_negative_controls": (recovery_cost,), CH8: (bos_ablation,),
     "09_sink_panel": (tiny_sinks_by_norm,)}
