@@ -75,7 +75,7 @@ def test_plain_finding_follows_the_verdicts_and_contrasts():
                         {"model": "b", "first token": "none", "metric": "instructions strict", "change": 2, "lo": -9,
                          "hi": 12}])
     s = R.plain_finding(verdicts, _spec(), pd.DataFrame(), bos, ["a", "b"])
-    assert "before knowledge in a (format from dose 0.3) and in no other model" in s
+    assert "strict format before knowledge in a (from dose 0.3) and in no other model" in s
     assert "As many random heads cost about as much" in s
     assert "Evaluating b without its BOS token cost knowledge acc, but not strict instruction format" in s
     assert "In none" not in R.plain_finding(verdicts, _spec(random_hi=-1.0), pd.DataFrame(), bos, ["a"])
@@ -90,6 +90,8 @@ def test_plain_finding_names_the_metric_that_fell_and_its_lenient_twin():
     spec = _spec()
     spec.loc[0, ["lo", "hi", "sink minus control"]] = [2.0, 20.0, 11.0]  # one contrast the other way
     s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"], table=table)
+    assert s.startswith("Removing the sink from the heads that use it most cost math strict before knowledge in a")
     assert ("What fell was math strict; instructions strict never fell, and math lenient fell with it, so the loss "
             "is in the task itself") in s
+    assert "Together, these tests do not show the role the paper's mechanism needs: the loss is not specific" in s
     assert "go the other way: the random heads cost more (a math strict at 0.3: sink minus random +11.0" in s

@@ -64,7 +64,7 @@ def test_head_ablation_sentence_reads_chapter_8s_tables(monkeypatch):
              "lo": -9.0, "hi": 5.0, "tested": True}]
     _fake(monkeypatch, {"08_causal_tests": {"results": {"verdicts": ver, "dose_response": dose, "specificity": spec}}})
     s = findings.head_ablation(Results())
-    assert s.startswith("Switching the sink off in chosen heads (chapter 8")
+    assert s.startswith("Switching the sink off (chapter 8")
     assert "math lenient fell with it" in s and "As many random heads cost about as much" in s
     _fake(monkeypatch, {"08_causal_tests": {"results": {"first_token": []}}})
     assert findings.head_ablation(Results()) == ""  # an earlier run without H2's contrasts: no sentence

@@ -111,18 +111,25 @@ def matched_sentence(full) -> str:
     return "; ".join(parts)
 
 
-def which_fell(table, models: Sequence[str]) -> str:
-    """Which strict metrics fell under the sink ablation at any dose, and whether their lenient grading fell as
-    far (then the fall is in the skill, not only its format)."""
+def _fell(table, models: Sequence[str]) -> tuple[set[str], set[str]]:
+    """The strict metrics that fell under the sink ablation at any dose, and those of them whose lenient grading
+    fell too."""
     if table is None or not len(table):
-        return ""
+        return set(), set()
     t = table[(table.control == "sink") & table.model.isin(list(models))]
     fell = {mt for mt in ("instructions strict", "math strict")
             if any(falls(r) for r in t[t.metric == mt].to_dict("records"))}
-    if not fell:
-        return ""
     lenient = {mt for mt in fell if any(falls(r) for r in t[t.metric == mt.replace("strict", "lenient")]
                                         .to_dict("records"))}
+    return fell, lenient
+
+
+def which_fell(table, models: Sequence[str]) -> str:
+    """Which strict metrics fell under the sink ablation at any dose, and whether their lenient grading fell as
+    far (then the fall is in the skill, not only its format)."""
+    fell, lenient = _fell(table, models)
+    if not fell:
+        return ""
     never = sorted({"instructions strict", "math strict"} - fell)
     words = f"What fell was {' and '.join(sorted(fell))}" + (f"; {' and '.join(never)} never fell" if never else "")
     if lenient:
@@ -143,9 +150,11 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
     know = {m: dose(m, "knowledge_dose") for m in models if m in sink.index}
     first = [m for m in fmt if fmt[m] is not None and (know[m] is None or know[m] > fmt[m])]
     out = []
+    fell, lenient = _fell(table, first) if first else (set(), set())
     if first:
-        out.append("Removing the sink from the heads that use it most cost strict format before knowledge in "
-                   + ", ".join(f"{m} (format from dose {fmt[m]:g})" for m in first)
+        what = " and ".join(sorted(fell)) if fell else "strict format"
+        out.append(f"Removing the sink from the heads that use it most cost {what} before knowledge in "
+                   + ", ".join(f"{m} (from dose {fmt[m]:g})" for m in first)
                    + (" and in no other model" if len(first) < len(fmt) else "") + ".")
         which = which_fell(table, first)
         if which:
@@ -168,6 +177,10 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
                                     other.hi)) + "), although they removed less attention mass.")
     if len(full):
         out.append(f"Where the mass-matched control is matched (dose 1, a look added after the run), {matched_sentence(full)}.")
+    if first and not len(below):
+        out.append("Together, these tests do not show the role the paper's mechanism needs: "
+                   + ("the loss is not specific to format (its lenient grading fell as far) and " if lenient else "")
+                   + "not specific to the sink heads.")
     m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
     for m, g in (m_bos.groupby("model", sort=False) if len(m_bos) else []):
         fell = [r.metric for r in g.itertuples() if r.metric in ("instructions strict", "math strict", "knowledge acc")

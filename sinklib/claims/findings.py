@@ -150,9 +150,9 @@ def bos_ablation(res: Results) -> str:
                                       "mechanism predicts." if order else ""))
 
 
-def head_ablation(res: Results) -> str:
-    """Chapter 8's head ablation in plain words (`causal.reading.plain_finding` on its stored tables, the BOS
-    ablation left to `bos_ablation`); empty for a run without H2's contrasts."""
+def head_ablation(res: Results, with_bos: bool = False) -> str:
+    """Chapter 8's head ablation in plain words (`causal.reading.plain_finding` on its stored tables; the BOS
+    ablation too with `with_bos`, else left to `bos_ablation`); empty for a run without H2's contrasts."""
     import pandas as pd
 
     from sinklib.causal.reading import plain_finding
@@ -161,9 +161,15 @@ def head_ablation(res: Results) -> str:
     if not doc.get("specificity") or not doc.get("verdicts"):
         return ""
     ver = pd.DataFrame(doc["verdicts"])
+    bos = pd.DataFrame(doc.get("first_token") or []) if with_bos else pd.DataFrame()
     text = plain_finding(ver, pd.DataFrame(doc["specificity"]), pd.DataFrame(doc.get("matched_at_full") or []),
-                         pd.DataFrame(), list(dict.fromkeys(ver.model)), table=pd.DataFrame(doc["dose_response"]))
-    return f"Switching the sink off in chosen heads (chapter 8, paired 95 % intervals): {text}"
+                         bos, list(dict.fromkeys(ver.model)), table=pd.DataFrame(doc["dose_response"]))
+    return f"Switching the sink off (chapter 8, paired 95 % intervals): {text}"
+
+
+def head_and_bos(res: Results) -> str:
+    """`head_ablation` with the BOS ablation, for the bottom line (one paragraph for chapter 8)."""
+    return head_ablation(res, with_bos=True)
 
 
 def _qk_norms(res: Results) -> dict[str, str]:
@@ -314,8 +320,7 @@ def _untested(evaluated: list[Evaluated]) -> str:
 
 def bottom_line(evaluated: list[Evaluated]) -> str:
     res = Results()
-    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, four_panel, text_only, s_trajectory, head_ablation,
-                                           bos_ablation)]
+    sentences = [_safe(fn, res) for fn in (vl_format, powered_dose, four_panel, text_only, s_trajectory, head_and_bos)]
     sentences += [f"Over the {len(evaluated)} claim rows: {tally_text(evaluated)}. {_untested(evaluated)}".rstrip(),
                   _verdicts_sentence(evaluated)]
     return "\n\n".join(s for s in sentences if s)
