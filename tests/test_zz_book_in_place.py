@@ -40,7 +40,7 @@ def test_book_builds_in_place_without_warnings(built_book):
 #: pages whose committed executed copy shows a DataFrame cell cut short with '...' (the check is newer than the
 #: copy; `plots.set_theme` now keeps cells whole): each goes when its chapter is re-executed
 CUT = "table cell cut short"
-CUT_BEFORE_RERUN = {"book/chapters/01_sink_definition", "book/chapters/02_sink_strength"}
+CUT_BEFORE_RERUN = {"book/chapters/02_sink_strength"}
 
 
 @pytest.mark.slow
