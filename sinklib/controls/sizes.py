@@ -40,7 +40,7 @@ def detectable_display(table):
     out["with 5 % churn (pt)"] = [_points(v) for v in d[CHURN]]
     return Table(out, "Smallest fall of each score (points) that the paired exact McNemar test detects with 80 % power "
                       "at the 5 % level, on this chapter's items at the base model's accuracy; 'no churn': every item "
-                      "that changes changes one way, '5 % churn': besides the fall, 5 % of items fail and 5 % recover "
+                      "that changes goes one way, '5 % churn': besides the fall, 5 % of items fail and 5 % recover "
                       "(the figure the claims page quotes). 'none': even losing every passed item is not detected "
                       "that often.")
 
