@@ -121,6 +121,18 @@ def test_a_changed_results_file_read_makes_the_reader_stale(tiny_book):
     assert st.state == stale.STALE and st.why == [f"{DEP[:2]}'s results changed (sha256)"]
 
 
+def test_a_dep_rerun_with_the_same_numbers_leaves_the_reader_current(tiny_book):
+    tiny_book.execute(DEP), tiny_book.execute(READER)
+    path = tiny_book.root / "data" / "results" / f"{DEP}.json"
+    path.write_text(json.dumps({"results": {"v": 1}, "provenance": {"seconds": 3.0, "git_commit": "x"}}))
+    st = tiny_book.state(READER)   # the version it read is in git history (the fixture's first commit)
+    assert st.state == stale.CURRENT and st.why == [f"{DEP[:2]} rerun since, with the same numbers"]
+    path.write_text(json.dumps({"results": {"v": 1.0000000001}, "provenance": {"seconds": 3.0}}))
+    assert tiny_book.state(READER).state == stale.STALE   # exact: no tolerance
+    path.write_text(json.dumps({"results": {"v": 1}, "provenance": {"seconds": 4.0}}))
+    assert stale.same_numbers(tiny_book.root, path, "0" * 64) is False   # no version with that sha in history
+
+
 def test_sinklib_change_is_listed_not_rerun(tiny_book, monkeypatch, capsys):
     tiny_book.execute(DEP), tiny_book.execute(READER)
     (tiny_book.root / "sinklib" / "a.py").write_text("A = 2\n")

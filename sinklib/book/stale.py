@@ -6,6 +6,10 @@ is a comparison of hashes. For a copy executed before records existed: code and 
 itself (its code cells against the source's, the parameters papermill recorded against the profile), and a
 results file read counts as changed when git says it changed since the reader's commit (its results file's
 ``provenance.git_commit``, a ``+dirty`` suffix stripped: uncommitted changes at run time are not known).
+A results file read whose bytes changed but whose numbers and texts did not (its chapter rerun: only the
+provenance, timings or paths moved, `same_numbers`, judged against the version the reader ran with, found in git
+history by its sha256) leaves the reader current, with a note: a rerun of chapter 2 does not send chapter 11's
+nine hours of jobs back to the queue for a new wall-clock time.
 
 A chapter that is not stale but whose **sinklib** changed since it ran is listed with its estimated rerun time
 and the command that reruns it, never rerun silently: its full run can take hours. Only the chapter's own
@@ -69,6 +73,43 @@ def changed_files(root: Path, commit: str, paths: list[str]) -> list[str] | None
     return sorted(out.stdout.splitlines()) if out.returncode == 0 else None
 
 
+#: how many versions of a results file `recorded_version` looks through (newest first)
+MAX_VERSIONS = 300
+
+
+def recorded_version(root: Path, path: Path, sha: str | None) -> bytes | None:
+    """The bytes of results file `path` in the version whose sha256 is `sha`, from git history (each commit that
+    touched it, newest first, at most `MAX_VERSIONS`); None when no version has it (or no history)."""
+    if not sha:
+        return None
+    try:
+        rel = str(Path(path).resolve().relative_to(Path(root).resolve()))
+        log = git(root, "log", f"-n{MAX_VERSIONS}", "--format=%H", "--", rel)
+        for commit in log.stdout.split() if log.returncode == 0 else []:
+            shown = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=root, capture_output=True, timeout=30)
+            if shown.returncode == 0 and record.sha256_bytes(shown.stdout) == sha:
+                return shown.stdout
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return None
+
+
+def same_numbers(root: Path, path: Path, sha: str | None) -> bool:
+    """Whether results file `path` now holds exactly the numbers and texts of its version with sha256 `sha` (a
+    rerun of the chapter that wrote it), provenance, timings and paths aside (`sinklib.book.compare.IGNORED_KEYS`:
+    no reader's result depends on them). Exact: tolerance 0. False when that version is not in git history."""
+    from sinklib.book import compare
+
+    before = recorded_version(root, path, sha)
+    if before is None or not Path(path).exists():
+        return False
+    try:
+        old, new = json.loads(before), json.loads(Path(path).read_text())
+    except ValueError:
+        return False
+    return next(compare.diff_values(old, new, tol=0.0), None) is None
+
+
 def recorded_commit(name: str, rec: dict | None, results: Path) -> tuple[str | None, str]:
     """The commit the chapter ran at (the record's, else its results file's provenance) and a note when a
     ``+dirty`` suffix was stripped."""
@@ -111,12 +152,17 @@ def _code_and_params(name: str, src, ex, rec: dict | None, profile: str) -> list
     return why
 
 
-def _reads(name: str, rec: dict | None, commit: str | None, root: Path, results: Path) -> tuple[list[str], list[str]]:
-    """(reasons the chapter is stale, reasons it cannot be judged) from the results files it reads."""
-    stale, unknown = [], []
+def _reads(name: str, rec: dict | None, commit: str | None, root: Path,
+           results: Path) -> tuple[list[str], list[str], list[str]]:
+    """(reasons the chapter is stale, reasons it cannot be judged, notes) from the results files it reads."""
+    stale, unknown, notes = [], [], []
     for dep in runner.READS_RESULTS_OF.get(name, ()):
         if rec and "reads" in rec:
-            if rec["reads"].get(dep) != record.file_sha256(results / f"{dep}.json"):
+            if rec["reads"].get(dep) == record.file_sha256(results / f"{dep}.json"):
+                continue
+            if same_numbers(root, results / f"{dep}.json", rec["reads"].get(dep)):
+                notes.append(f"{dep[:2]} rerun since, with the same numbers")
+            else:
                 stale.append(f"{dep[:2]}'s results changed (sha256)")
             continue
         if commit is None:
@@ -127,7 +173,7 @@ def _reads(name: str, rec: dict | None, commit: str | None, root: Path, results:
             unknown.append(f"commit {commit[:8]} not in this clone's history ({dep[:2]}'s results)")
         elif moved:
             stale.append(f"{dep[:2]}'s results changed since {commit[:8]} (git history)")
-    return stale, unknown
+    return stale, unknown, notes
 
 
 def _sinklib(rec: dict | None, commit: str | None, root: Path, now: dict[str, str | None]) -> str | None:
@@ -163,12 +209,12 @@ def chapter_state(name: str, profile: str = "full", root: Path | None = None, ch
     commit, note = recorded_commit(name, rec, results)
     seconds = run_seconds(name, ex, rec, results)
     why = _code_and_params(name, src, ex, rec, profile)
-    stale_reads, unknown = _reads(name, rec, commit, root, results)
+    stale_reads, unknown, notes = _reads(name, rec, commit, root, results)
     why += stale_reads
     if why:
         return ChapterState(name, STALE, why, seconds)
     lib = _sinklib(rec, commit, root, runner.sinklib_dependencies(src, root))
-    notes = [note] if note else []
+    notes += [note] if note else []
     if unknown or (lib and lib.startswith("?")):
         return ChapterState(name, UNKNOWN, unknown + ([lib[1:]] if lib and lib.startswith("?") else []) + notes, seconds)
     if lib:
