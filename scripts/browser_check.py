@@ -66,9 +66,10 @@ async () => {
       struck.push('line-through: ' + e.innerText.slice(0, 40).replace(/\s+/g, ' ')); break;
     }
   }
-  // prose only (not code or outputs): where doubled words are typos
+  // prose, written or generated (captions and sentences in outputs too), not code or printed text: where doubled
+  // words are typos ("changes changes" was in a generated table caption)
   const prose = [...col.querySelectorAll('p, li, h1, h2, h3, h4, figcaption, dt, dd, th, caption')]
-    .filter(e => !e.closest('pre, code, .cell_output, .output')).map(e => e.innerText).join('\n');
+    .filter(e => !e.closest('pre, code')).map(e => e.innerText).join('\n');
   // a table cell that pandas cut short ('...' at the end: a DataFrame displayed without plots.Table)
   const cut = [...col.querySelectorAll('td, th')].filter(e => /\.\.\.$/.test(e.innerText.trim()))
     .map(e => e.innerText.trim().slice(-50));
