@@ -99,3 +99,23 @@ def test_command_line(cache, tmp_path, monkeypatch, capsys):
     assert (tmp_path / "fresh" / "evals" / f"{K[0]}.json").exists()
     assert carry.main(["export", str(tmp_path / "x"), "--folders", "nope"]) == 2
     assert "has no folder" in capsys.readouterr().err
+
+
+def test_the_checkouts_committed_cache_is_imported_first(cache, tmp_path, monkeypatch, capsys):
+    """`make reproduce`, `make book` and the job runners read back the repository's carried/ (none: nothing)."""
+    from sinklib.core import resources
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.setattr(resources, "checkout_root", lambda: checkout)
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path / "fresh"))
+    assert carry.import_committed() is None                              # no carried/ in this checkout
+    carry.export(checkout / carry.COMMITTED, cache, max_mb=1)
+    assert carry.import_committed()["copied files"] == 8
+    assert "imported 8 file(s) from the committed cache (carried/)" in capsys.readouterr().out
+    assert (tmp_path / "fresh" / "evals" / f"{K[0]}.json").read_bytes() == b'{"score": 1}'
+    assert carry.import_committed()["copied files"] == 0                 # a second time: nothing new
+    assert carry.main(["import"]) == 0                                   # the default folder is carried/
+    monkeypatch.setattr(resources, "checkout_root", lambda: None)
+    assert carry.import_committed() is None and carry.main(["import"]) == 2
+    assert "no folder given" in capsys.readouterr().err

