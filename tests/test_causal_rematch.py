@@ -1,0 +1,81 @@
+"""Chapter 8's matched control matched in the evaluation's own measurement (`sinklib.causal.rematch`): the
+corrected target, the search to a given target, and the loop that re-searches and re-evaluates a dose outside
+the tolerance, on a tiny model whose "evaluation" measures the mass on the same inputs plus a known gap."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sinklib.causal import matched, rematch, suites as causal
+from sinklib.core import intervene
+from sinklib.core.models import tiny_model
+from sinklib.errors import ParameterError
+
+GAP = 0.08   # what the evaluation adds to the matched control's mass on the inputs (session 48: +0.067 to +0.090)
+
+
+def _setup():
+    lm = tiny_model("llama", seed=0)
+    L, H = lm.model.config.num_hidden_layers, lm.model.config.num_attention_heads
+    mass = np.random.default_rng(0).random((L, H))
+    seqs = torch.randint(3, 128, (4, 12), generator=torch.Generator().manual_seed(1)).tolist()
+    return lm, L, mass, seqs
+
+
+def test_corrected_target_subtracts_the_evaluations_gap():
+    plans = [{"dose": 0.5, "control": "matched", "match": {"achieved": 0.60}},
+             {"dose": 0.7, "control": "matched", "match": {"achieved": 0.70}},
+             {"dose": 0.5, "control": "sink"}]
+    table = pd.DataFrame([{"dose": 0.5, "control": "sink", "mass_removed": 0.62},
+                          {"dose": 0.5, "control": "matched", "mass_removed": 0.70},    # +0.08: outside 0.05
+                          {"dose": 0.7, "control": "sink", "mass_removed": 0.72},
+                          {"dose": 0.7, "control": "matched", "mass_removed": 0.74}])   # +0.02: within
+    assert rematch.corrected_targets(plans, table, 0.05) == {0.5: pytest.approx(0.62 - (0.70 - 0.60))}
+    table.loc[1, "mass_removed"] = 5.0
+    assert rematch.corrected_targets(plans, table, 0.05) == {0.5: 0.0}                 # never below zero
+
+
+def test_search_to_reaches_a_given_target_on_a_tiny_model():
+    lm, L, mass, seqs = _setup()
+    top = intervene.heads_by_sink_mass(mass, [L - 1], 0.5)
+    k = sum(map(len, top.values()))
+    sink = matched.removed_mass(lm.model, seqs, top, k)
+    for target in (0.5 * sink, sink):
+        r = rematch.search_to(lm.model, seqs, mass, [L - 1], top, target, tolerance=0.04)
+        assert abs(r["achieved"] - target) <= 0.02 and r["target"] == target
+        assert r["achieved"] == pytest.approx(matched.removed_mass(lm.model, seqs, r["heads"], k,
+                                                                   mode="remove_matched", take=r["take"]))
+        assert all(h in r["heads"][l] for l, hs in top.items() for h in hs)
+    with pytest.raises(ParameterError, match="target"):
+        rematch.search_to(lm.model, seqs, mass, [L - 1], top, -0.1)
+
+
+def test_the_loop_brings_a_control_with_a_constant_gap_inside_the_tolerance(monkeypatch, tmp_path):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm, L, mass, seqs = _setup()
+    evaluated = []
+
+    def fake_dose_response(lm_, plans, *, eval_n, seed, eval_batch_size, log, tolerance):
+        rows = []
+        for p in plans:
+            if p["k"] == 0:
+                continue
+            m = matched.removed_mass(lm_.model, seqs, p["heads"], p["k"], mode=p["mode"], take=p.get("take"))
+            m += GAP if p["control"] == "matched" else 0.0
+            evaluated.append((p["dose"], p["control"], round(m, 9)))
+            rows.append({"model": lm_.name, "dose": float(p["dose"]), "control": p["control"], "k": p["k"],
+                         "mass_removed": m, "metric": "math strict"})
+        return matched.flag(pd.DataFrame(rows), tolerance), {}
+
+    monkeypatch.setattr(rematch, "dose_response", fake_dose_response)
+    plans = causal.dose_plans(mass, [L - 1], [0.5], controls=("sink", "matched"))
+    table, _, history = rematch.match_in_evaluation(lm, plans, mass, [L - 1], seqs, eval_n={"math": 2},
+                                                    tolerance=0.05, rounds=2)
+    assert [h["round"] for h in history] == [0, 1]
+    first, second = history
+    assert not first["within"] and first["difference"] == pytest.approx(GAP, abs=0.026)  # the first search stops within 0.025
+    assert second["within"] and abs(second["difference"]) <= 0.025
+    assert second["target on the inputs"] == pytest.approx(first["sink in evaluation"] - GAP, abs=1e-6)
+    assert table[table.control == "matched"].matched_ok.all()
+    none = rematch.match_in_evaluation(lm, plans, mass, [L - 1], seqs, eval_n={"math": 2}, tolerance=0.05, rounds=0)
+    assert [h["round"] for h in none[2]] == [0] and not none[0][none[0].control == "matched"].matched_ok.any()
