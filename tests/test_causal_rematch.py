@@ -68,6 +68,10 @@ def test_the_loop_brings_a_control_with_a_constant_gap_inside_the_tolerance(monk
         return matched.flag(pd.DataFrame(rows), tolerance), {}
 
     monkeypatch.setattr(rematch, "dose_response", fake_dose_response)
+    from sinklib.core import progress
+
+    reported = []
+    monkeypatch.setattr(progress, "report", lambda what, step=None, total=None: reported.append((what, step, total)))
     plans = causal.dose_plans(mass, [L - 1], [0.5], controls=("sink", "matched"))
     table, _, history = rematch.match_in_evaluation(lm, plans, mass, [L - 1], seqs, eval_n={"math": 2},
                                                     tolerance=0.05, rounds=2)
@@ -77,5 +81,6 @@ def test_the_loop_brings_a_control_with_a_constant_gap_inside_the_tolerance(monk
     assert second["within"] and abs(second["difference"]) <= 0.025
     assert second["target on the inputs"] == pytest.approx(first["sink in evaluation"] - GAP, abs=1e-6)
     assert table[table.control == "matched"].matched_ok.all()
+    assert reported[0] == (f"{lm.name}: matching the control's mass", 0, 1) and len(reported) == 2   # one per search
     none = rematch.match_in_evaluation(lm, plans, mass, [L - 1], seqs, eval_n={"math": 2}, tolerance=0.05, rounds=0)
     assert [h["round"] for h in none[2]] == [0] and not none[0][none[0].control == "matched"].matched_ok.any()

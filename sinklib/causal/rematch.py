@@ -125,7 +125,8 @@ def match_in_evaluation(lm: Any, plans: Sequence[Mapping], mass, layers: Sequenc
     rounds = check_int("rounds", rounds, 0, 10)
     tops = {float(p["dose"]): p["heads"] for p in plans if p["control"] == "matched"}
     plans = [{**p, "top": tops[float(p["dose"])]} if p["control"] == "matched" else dict(p)
-             for p in matched.match_plans(lm, None, plans, mass, layers, tolerance=tolerance, seqs=seqs)]
+             for p in _each(lm.name, plans, lambda one: matched.match_plans(lm, None, one, mass, layers,
+                                                                            tolerance=tolerance, seqs=seqs))]
     history: list[dict] = []
     for r in range(rounds + 1):
         table, results = dose_response(lm, plans, eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size,
@@ -136,8 +137,23 @@ def match_in_evaluation(lm: Any, plans: Sequence[Mapping], mass, layers: Sequenc
             break
         if log:
             log(f"{lm.name}: matched control outside the tolerance at dose(s) {sorted(targets)}; round {r + 1}")
-        plans = rematch_plans(lm, plans, targets, mass, layers, seqs, tolerance=tolerance, round_=r + 1)
+        plans = _each(lm.name, plans, lambda one: rematch_plans(lm, one, targets, mass, layers, seqs,
+                                                                tolerance=tolerance, round_=r + 1))
     return table, results, history
+
+
+def _each(name: str, plans: Sequence[Mapping], step) -> list[dict]:
+    """`step` applied to one plan at a time, the matched rows' searches reported on the progress side channel
+    (`sinklib.core.progress`: each search takes minutes and writes nothing else)."""
+    from sinklib.core import progress
+
+    n, done, out = sum(p["control"] == "matched" for p in plans), 0, []
+    for p in plans:
+        if p["control"] == "matched":
+            progress.report(f"{name}: matching the control's mass", done, n)
+            done += 1
+        out += step([p])
+    return out
 
 
 def _history(model: str, plans: Sequence[Mapping], table, tolerance: float, round_: int) -> list[dict]:
