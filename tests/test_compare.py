@@ -26,6 +26,10 @@ def test_numbers_beyond_tolerance_are_listed_timings_and_provenance_are_not(tmp_
     diffs = compare_results(tmp_path / "before", tmp_path / "after")
     assert [(d.path, d.kind) for d in diffs] == [("/results/rows[0]/x", "number")]
     assert [d.path for d in diff_values({"S": 1.0, "load s": 1}, {"S": 2.0, "load s": 2})] == ["/S"]  # S is no timing
+    # "utc" is a timestamp only as a word of its own: per-item outcomes are results
+    got = diff_values({"outcomes": [1, 0], "outcome": "as predicted", "started_utc": "a"},
+                      {"outcomes": [1, 1], "outcome": "not as predicted", "started_utc": "b"})
+    assert [d.path for d in got] == ["/outcomes[1]", "/outcome"]
 
 
 def test_structure_text_nan_and_missing_files(tmp_path):

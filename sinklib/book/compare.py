@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: keys whose subtree is skipped: provenance, timings (wall-clock seconds and ratios of timings), paths
+#: keys whose subtree is skipped: provenance, timings (wall-clock seconds and ratios of timings), paths; "utc"
+#: only as a word of its own (a timestamp), never inside another word ("outcomes" are results)
 IGNORED_KEYS = re.compile(
-    r"(^provenance$|seconds|runtime|timing|^loads$| s$| s/step|utc|git_commit|path|checkpoint|_dir$|"
+    r"(^provenance$|seconds|runtime|timing|^loads$| s$| s/step|(?<![a-z])utc|git_commit|path|checkpoint|_dir$|"
     r"^long_context$)", re.IGNORECASE)
 
 
