@@ -130,7 +130,13 @@ def test_a_dep_rerun_with_the_same_numbers_leaves_the_reader_current(tiny_book):
     path.write_text(json.dumps({"results": {"v": 1.0000000001}, "provenance": {"seconds": 3.0}}))
     assert tiny_book.state(READER).state == stale.STALE   # exact: no tolerance
     path.write_text(json.dumps({"results": {"v": 1}, "provenance": {"seconds": 4.0}}))
-    assert stale.same_numbers(tiny_book.root, path, "0" * 64) is False   # no version with that sha in history
+    assert stale.same_numbers(tiny_book.root, path, "0" * 64) is None    # no version with that sha: cannot judge
+    rec_path = tiny_book.root / "book" / "chapters" / f"{READER}.ipynb"
+    nb = nbformat.read(rec_path, as_version=4)
+    nb.metadata[record.KEY]["reads"][DEP] = "0" * 64
+    nbformat.write(nb, rec_path)
+    st = tiny_book.state(READER)
+    assert st.state == stale.UNKNOWN and "not in this clone's history" in st.why[0]
 
 
 def test_sinklib_change_is_listed_not_rerun(tiny_book, monkeypatch, capsys):

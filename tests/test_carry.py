@@ -119,3 +119,20 @@ def test_the_checkouts_committed_cache_is_imported_first(cache, tmp_path, monkey
     monkeypatch.setattr(resources, "checkout_root", lambda: None)
     assert carry.import_committed() is None and carry.main(["import"]) == 2
     assert "no folder given" in capsys.readouterr().err
+
+
+def test_a_damaged_committed_cache_warns_instead_of_stopping_the_run(cache, tmp_path, monkeypatch, capsys):
+    from sinklib.core import resources
+
+    checkout = tmp_path / "checkout"
+    monkeypatch.setattr(resources, "checkout_root", lambda: checkout)
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path / "fresh"))
+    carry.export(checkout / carry.COMMITTED, cache, max_mb=1)
+    _write(checkout / carry.COMMITTED / "evals" / "ffffffffffffffff.json", b"{}")    # a file no manifest lists
+    out = carry.import_committed()
+    assert out["not in the manifest (ignored)"] == ["evals/ffffffffffffffff.json"]
+    assert not (tmp_path / "fresh" / "evals" / "ffffffffffffffff.json").exists()
+    assert not list((tmp_path / "fresh").rglob("*.carry.tmp"))
+    (checkout / carry.COMMITTED / "evals" / f"{K[0]}.json").write_bytes(b"changed")
+    assert carry.import_committed() is None
+    assert "was not imported" in capsys.readouterr().out

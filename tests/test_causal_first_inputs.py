@@ -17,6 +17,7 @@ def test_smollm2s_none_changes_the_chat_formatted_inputs_only(smollm2):
     s = first_inputs.sentence({"smollm2-135m": {"none": got}})
     assert s.startswith("smollm2-135m, first token 'none': instructions 6 of 6, math 5 of 5, knowledge 0 of ")
     assert first_inputs.input_changes(tok, "none", {"math": 0}) == {}
+    assert first_inputs.sentence({"smollm2-135m": {}}) == "no first-token condition besides the model's own was run"
 
 
 def test_gemma3s_none_changes_every_suite(gemma3):

@@ -52,8 +52,9 @@ def test_executed_copy_is_fresh(path):
             f"{executed}: code differs from its run record; re-execute {path.name}")
         for dep, sha in rec["reads"].items():   # or its chapter rerun since with the same numbers (stale.py's rule)
             now = ROOT / "data" / "results" / f"{dep}.json"
-            assert sha == record.file_sha256(now) or stale.same_numbers(ROOT, now, sha), (
-                f"{executed} read data/results/{dep}.json before it changed: re-execute {path.name}")
+            same = sha == record.file_sha256(now) or stale.same_numbers(ROOT, now, sha)
+            assert same is not None, f"{executed}: the version of {dep}.json it read is not in this clone's history"
+            assert same, f"{executed} read data/results/{dep}.json before it changed: re-execute {path.name}"
     md = lambda nb: [c.source for c in nb.cells if c.cell_type == "markdown"]  # noqa: E731
     assert md(src) == md(ex), f"{executed}: prose differs from the source; run `python -m sinklib.book sync-text`"
     errors = [o for c in ex.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

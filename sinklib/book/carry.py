@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -152,9 +153,11 @@ def import_(src: Path, cache: Path) -> dict:
     if bad:
         raise ParameterError(f"carry: {len(bad)} file(s) of {src} are missing or differ from its manifest (first: "
                              f"{bad[0]}); export again from the machine that has them")
-    copied, conflicts = 0, []
+    copied, conflicts, unlisted = 0, [], []
     for e in entries(src):
         rels = [p.relative_to(src).as_posix() for p in e if p.name != MANIFEST]
+        unlisted += [r for r in rels if r not in files]
+        rels = [r for r in rels if r in files]         # only what the manifest vouches for
         if not rels:
             continue
         there = [r for r in rels if (cache / r).exists()]
@@ -163,9 +166,14 @@ def import_(src: Path, cache: Path) -> dict:
             continue                                   # the entry exists here: never mixed, never overwritten
         for r in rels:
             (cache / r).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / r, cache / r)
+            tmp = cache / f"{r}.carry.tmp"
+            shutil.copy2(src / r, tmp)
+            os.replace(tmp, cache / r)                 # a reader of the cache never sees half a file
             copied += 1
-    return {"copied files": copied, "conflicts (left as they were)": conflicts}
+    out = {"copied files": copied, "conflicts (left as they were)": conflicts}
+    if unlisted:
+        out["not in the manifest (ignored)"] = unlisted
+    return out
 
 
 def committed_folder() -> Path | None:
@@ -185,7 +193,11 @@ def import_committed(log=print) -> dict | None:
         return None
     from sinklib.core.models import cache_dir
 
-    out = import_(src, cache_dir())
+    try:
+        out = import_(src, cache_dir())
+    except ParameterError as e:   # a damaged carried/ must not stop a run: it only costs recomputation
+        log(f"carry: the committed cache ({COMMITTED}/) was not imported: {e}")
+        return None
     log(f"carry: imported {out['copied files']} file(s) from the committed cache ({COMMITTED}/) where this "
         f"machine's cache lacked them" + (f"; {len(out['conflicts (left as they were)'])} conflict(s) left as they "
                                           "were" if out["conflicts (left as they were)"] else ""))

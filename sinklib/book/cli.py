@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from sinklib.book import carry
 
-    carry.import_committed()
+    if not getattr(a, "dry_run", False):
+        carry.import_committed()
     if a.cmd == "update":
         stale.update(a.profile, dry_run=a.dry_run)
         return 0

@@ -8,7 +8,8 @@ results file read counts as changed when git says it changed since the reader's 
 ``provenance.git_commit``, a ``+dirty`` suffix stripped: uncommitted changes at run time are not known).
 A results file read whose bytes changed but whose numbers and texts did not (its chapter rerun: only the
 provenance, timings or paths moved, `same_numbers`, judged against the version the reader ran with, found in git
-history by its sha256) leaves the reader current, with a note: a rerun of chapter 2 does not send chapter 11's
+history by its sha256; where that version is not in the clone's history, the reader is "unknown", not stale)
+leaves the reader current, with a note: a rerun of chapter 2 does not send chapter 11's
 nine hours of jobs back to the queue for a new wall-clock time.
 
 A chapter that is not stale but whose **sinklib** changed since it ran is listed with its estimated rerun time
@@ -94,15 +95,18 @@ def recorded_version(root: Path, path: Path, sha: str | None) -> bytes | None:
     return None
 
 
-def same_numbers(root: Path, path: Path, sha: str | None) -> bool:
+def same_numbers(root: Path, path: Path, sha: str | None) -> bool | None:
     """Whether results file `path` now holds exactly the numbers and texts of its version with sha256 `sha` (a
     rerun of the chapter that wrote it), provenance, timings and paths aside (`sinklib.book.compare.IGNORED_KEYS`:
-    no reader's result depends on them). Exact: tolerance 0. False when that version is not in git history."""
+    no reader's result depends on them). Exact: tolerance 0. None when that version is not in this clone's git
+    history (a shallow clone, or a version never committed): it cannot be judged."""
     from sinklib.book import compare
 
-    before = recorded_version(root, path, sha)
-    if before is None or not Path(path).exists():
+    if not Path(path).exists():
         return False
+    before = recorded_version(root, path, sha)
+    if before is None:
+        return None
     try:
         old, new = json.loads(before), json.loads(Path(path).read_text())
     except ValueError:
@@ -160,8 +164,12 @@ def _reads(name: str, rec: dict | None, commit: str | None, root: Path,
         if rec and "reads" in rec:
             if rec["reads"].get(dep) == record.file_sha256(results / f"{dep}.json"):
                 continue
-            if same_numbers(root, results / f"{dep}.json", rec["reads"].get(dep)):
+            same = same_numbers(root, results / f"{dep}.json", rec["reads"].get(dep))
+            if same:
                 notes.append(f"{dep[:2]} rerun since, with the same numbers")
+            elif same is None:
+                unknown.append(f"{dep[:2]}'s results changed (sha256) and the version it read is not in this "
+                               "clone's history to compare numbers (a shallow clone?)")
             else:
                 stale.append(f"{dep[:2]}'s results changed (sha256)")
             continue

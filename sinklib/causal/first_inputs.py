@@ -33,6 +33,8 @@ def sentence(changes: Mapping[str, Mapping[str, Mapping[str, tuple[int, int]]]])
     """{model: {first token: `input_changes`}} in words: per model and condition, how many inputs of each suite
     changed."""
     parts = []
+    if not any(changes.values()):
+        return "no first-token condition besides the model's own was run"
     for model, by in changes.items():
         for ft, suites in by.items():
             cells = ", ".join(f"{s} {c} of {n}" for s, (c, n) in suites.items())

@@ -35,8 +35,13 @@ from sinklib.errors import ParameterError
 ROUNDS = 2
 
 
+#: the corrected search's bisection steps and its precision (a share of the tolerance); both in its cache key
+SEARCH_STEPS, SEARCH_PRECISION = 10, 0.25
+
+
 def search_to(model, seqs: Sequence[Sequence[int]], mass, layers: Sequence[int], top: Mapping[int, Sequence[int]],
-              target: float, *, tolerance: float = matched.TOLERANCE, steps: int = 10, pad_id: int = 0) -> dict:
+              target: float, *, tolerance: float = matched.TOLERANCE, steps: int = SEARCH_STEPS,
+              pad_id: int = 0) -> dict:
     """The matched control's knob x whose removed mass on `seqs` (`matched.removed_mass`, in units of the sink
     heads' k) is nearest `target`, searched as `matched.match_control` does (whole added heads, then bisection,
     the last head partial), to within a quarter of `tolerance`. -> {'heads', 'take', 'extra', 'x', 'target',
@@ -49,7 +54,7 @@ def search_to(model, seqs: Sequence[Sequence[int]], mass, layers: Sequence[int],
         h, t = matched.knob_plan(top, extras, x)
         return matched.removed_mass(model, seqs, h, k, mode="remove_matched", take=t, pad_id=pad_id)
 
-    x = matched._search(f, target, len(extras), tolerance / 2, steps)
+    x = matched._search(f, target, len(extras), 2 * SEARCH_PRECISION * tolerance, steps)  # stops within it
     heads, take = matched.knob_plan(top, extras, x)
     return {"heads": heads, "take": take, "extra": sum(map(len, heads.values())) - k, "x": x, "target": target,
             "achieved": f(x)}
@@ -96,7 +101,8 @@ def rematch_plans(lm: Any, plans: Sequence[Mapping], targets: Mapping[float, flo
             key = {"kind": "matched control, corrected", "model": lm.name, "weights": lm.weights_sha256,
                    "version": matched.MATCH_VERSION, "heads": {str(l): sorted(h) for l, h in sorted(top.items())},
                    "seqs": cache_key({"seqs": seqs}), "layers": list(layers), "target": round(float(targets[d]), 6),
-                   "mass": np.round(np.asarray(mass, dtype=float), 6).tolist(), "tolerance": float(tolerance)}
+                   "mass": np.round(np.asarray(mass, dtype=float), 6).tolist(), "tolerance": float(tolerance),
+                   "steps": SEARCH_STEPS, "precision": SEARCH_PRECISION}
 
             def compute(top=top, target=targets[d]) -> dict:
                 r = search_to(lm.model, seqs, mass, layers, top, target, tolerance=tolerance, pad_id=pad)
@@ -126,7 +132,8 @@ def match_in_evaluation(lm: Any, plans: Sequence[Mapping], mass, layers: Sequenc
     tops = {float(p["dose"]): p["heads"] for p in plans if p["control"] == "matched"}
     plans = [{**p, "top": tops[float(p["dose"])]} if p["control"] == "matched" else dict(p)
              for p in _each(lm.name, plans, lambda one: matched.match_plans(lm, None, one, mass, layers,
-                                                                            tolerance=tolerance, seqs=seqs))]
+                                                                            tolerance=tolerance, seqs=seqs),
+                            set(tops))]
     history: list[dict] = []
     for r in range(rounds + 1):
         table, results = dose_response(lm, plans, eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size,
@@ -138,18 +145,19 @@ def match_in_evaluation(lm: Any, plans: Sequence[Mapping], mass, layers: Sequenc
         if log:
             log(f"{lm.name}: matched control outside the tolerance at dose(s) {sorted(targets)}; round {r + 1}")
         plans = _each(lm.name, plans, lambda one: rematch_plans(lm, one, targets, mass, layers, seqs,
-                                                                tolerance=tolerance, round_=r + 1))
+                                                                tolerance=tolerance, round_=r + 1), set(targets))
     return table, results, history
 
 
-def _each(name: str, plans: Sequence[Mapping], step) -> list[dict]:
-    """`step` applied to one plan at a time, the matched rows' searches reported on the progress side channel
-    (`sinklib.core.progress`: each search takes minutes and writes nothing else)."""
+def _each(name: str, plans: Sequence[Mapping], step, doses: set[float]) -> list[dict]:
+    """`step` applied to one plan at a time, the searches of the matched rows at `doses` reported on the progress
+    side channel (`sinklib.core.progress`: each search takes minutes and writes nothing else)."""
     from sinklib.core import progress
 
-    n, done, out = sum(p["control"] == "matched" for p in plans), 0, []
-    for p in plans:
-        if p["control"] == "matched":
+    searched = [p["control"] == "matched" and float(p["dose"]) in doses for p in plans]
+    n, done, out = sum(searched), 0, []
+    for p, searching in zip(plans, searched):
+        if searching:
             progress.report(f"{name}: matching the control's mass", done, n)
             done += 1
         out += step([p])

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from sinklib.book.carry import import_committed
 
-    import_committed()   # what earlier machines finished (the checkout's carried/)
+    if not a.dry_run:
+        import_committed()   # what earlier machines finished (the checkout's carried/)
     p = chapter_params(a.profile)
     if a.dry_run:
         for j in plan(p):
