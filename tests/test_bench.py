@@ -336,12 +336,16 @@ def test_eval_rows_agreement_alternation_and_table():
                                  "seconds_per_step": 1.5, "items_per_s": 21.3, "tokens_per_s": 500.0}]},
            "parameters": {"repeats": 3}, "provenance": {}}
     md = report.eval_markdown(doc)
-    assert "2.50 (2.00-3.00)" in md and "| 50 % | 50 % | 100 % |" in md and "| m | stage1 | 32 | 2 | 2 | 1.50 |" in md
+    assert "2.50 (2.00-3.00)" in md and "| 50 % | 50 % | 100 % |" in md and "| m | stage1 | 1.50 |" in md
+    assert "Training rows: batch 32, torch threads 2, steps 2 in every row." in md
     assert "Not measured yet" in report.eval_markdown(None) and "matmul peak" not in md
     doc["results"]["rows"][-1].update(flops_per_step=3.6e11, gflops_per_s=170.0, matmul_gflops_per_s=238.0,
                                        share_of_matmul_peak=170 / 238)
     md = report.eval_markdown(doc)
     assert "| 1.50 | 21.3 | 500 | 360 | 170 | 71 % |" in md and "(238 GFLOP/s)" in md
+    doc["results"]["rows"].append({**doc["results"]["rows"][-1], "suite": "stage2", "batch": 16})
+    md = report.eval_markdown(doc)  # settings that differ between rows stay columns
+    assert "Training rows: torch threads 2, steps 2 in every row." in md and "| m | stage2 | 16 | 1.50 |" in md
 
 
 def test_a_training_step_is_counted_and_the_matmul_peak_measured():

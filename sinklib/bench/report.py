@@ -306,6 +306,10 @@ def _eval_table(rows: list[dict]) -> str:
     return out
 
 
+#: the training rows' settings in words (a column, or one sentence when every row has the same)
+WORDS = {"batch": "batch", "threads": "torch threads", "steps": "steps"}
+
+
 def eval_markdown(doc: dict | None) -> str:
     """The evaluation and training rows (`sinklib.bench.speed`) as the page shows them."""
     if doc is None:
@@ -319,10 +323,14 @@ def eval_markdown(doc: dict | None) -> str:
            _eval_table(ev)]
     if tr:
         rate = all("share_of_matmul_peak" in r for r in tr)  # measured since session 41
-        out += ["", _table(["model", "training stage", "batch", "torch threads", "steps", "s per step", "examples/s",
+        same = {k: tr[0][k] for k in ("batch", "threads", "steps") if len({r[k] for r in tr}) == 1}
+        cols = [k for k in ("batch", "threads", "steps") if k not in same]  # said once above the table when equal
+        if same:
+            out += ["", "Training rows: " + ", ".join(f"{WORDS[k]} {v}" for k, v in same.items()) + " in every row."]
+        out += ["", _table(["model", "training stage"] + [WORDS[k] for k in cols] + ["s per step", "examples/s",
                             "input positions/s"] + (["GFLOP per step", "GFLOP/s", "share of the matmul peak"] if rate else []),
-                           [[r["model"], r["suite"], str(r["batch"]), str(r["threads"]), str(r["steps"]),
-                             f"{r['seconds_per_step']:.2f}", f"{r['items_per_s']:.1f}", f"{r['tokens_per_s']:.0f}"]
+                           [[r["model"], r["suite"]] + [str(r[k]) for k in cols] +
+                            [f"{r['seconds_per_step']:.2f}", f"{r['items_per_s']:.1f}", f"{r['tokens_per_s']:.0f}"]
                             + ([f"{r['flops_per_step'] / 1e9:.0f}", f"{r['gflops_per_s']:.0f}",
                                 f"{100 * r['share_of_matmul_peak']:.0f} %"] if rate else []) for r in tr])]
         if rate:
