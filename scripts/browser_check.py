@@ -32,7 +32,8 @@ PAGE_JS = r"""
 async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
   const col = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
-  const colW = col.getBoundingClientRect().width;
+  const cs = getComputedStyle(col);
+  const colW = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);  // the content box
   const wide = [];
   for (const t of col.querySelectorAll('table')) {
     const w = Math.max(t.scrollWidth, t.getBoundingClientRect().width);

@@ -293,13 +293,13 @@ def _eval_table(rows: list[dict]) -> str:
     for r in rows:
         a = r.get("agreement") or {}
         speed = "1" if r["code"] == "before" else f"{r['speedup']:.2f} ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
-        speed_rows.append([r["model"], r["suite"], r["code"], str(r["batch"]), str(r["n_items"]), f"{r['median_s']:.1f}",
+        speed_rows.append([r["model"], r["suite"], f"{r['code']}, {r['batch']}", f"{r['median_s']:.1f}",
                            f"{r['items_per_s']:.3f}", f"{r['tokens_per_s']:.1f}", speed])
         if a:
             agree_rows.append([r["model"], r["suite"], str(r["n_items"])]
                               + [f"{100 * a[k]:.0f} %" for k in ("same_answer", "same_strict", "same_lenient")])
-    out = _table(["model", "suite", "code", "batch", "items", "median s", "items/s", "answer tok/s",
-                  "speed-up (rounds)"], speed_rows)
+    out = _table(["model", "suite", "code, batch", "median s", "items/s", "answer tok/s", "speed-up (rounds)"],
+                 speed_rows)  # the items of each suite: the agreement table
     if agree_rows:
         out += "\n\n" + _table(["model", "suite", "items", "same answer", "same strict grade", "same lenient grade"],
                                 agree_rows)
@@ -327,10 +327,10 @@ def eval_markdown(doc: dict | None) -> str:
         cols = [k for k in ("batch", "threads", "steps") if k not in same]  # said once above the table when equal
         if same:
             out += ["", "Training rows: " + ", ".join(f"{WORDS[k]} {v}" for k, v in same.items()) + " in every row."]
-        out += ["", _table(["model", "training stage"] + [WORDS[k] for k in cols] + ["s per step", "examples/s",
+        out += ["", _table(["model", "stage"] + [WORDS[k] for k in cols] + ["s per step",
                             "input positions/s"] + (["GFLOP per step", "GFLOP/s", "share of the matmul peak"] if rate else []),
                            [[r["model"], r["suite"]] + [str(r[k]) for k in cols] +
-                            [f"{r['seconds_per_step']:.2f}", f"{r['items_per_s']:.1f}", f"{r['tokens_per_s']:.0f}"]
+                            [f"{r['seconds_per_step']:.2f}", f"{r['tokens_per_s']:.0f}"]
                             + ([f"{r['flops_per_step'] / 1e9:.0f}", f"{r['gflops_per_s']:.0f}",
                                 f"{100 * r['share_of_matmul_peak']:.0f} %"] if rate else []) for r in tr])]
         if rate:
