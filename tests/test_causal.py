@@ -173,13 +173,19 @@ def test_order_verdict_rules():
     v = causal.order_verdict(t([(0.25, "math strict", *fall), (0.25, "knowledge acc", *flat),
                                 (0.5, "knowledge acc", *fall), (0.5, "instructions strict", *flat)]))
     assert v == {"format_dose": 0.25, "knowledge_dose": 0.5, "untested_doses": [],
-                 "verdict": "format falls first (dose 0.25, knowledge from 0.5)"}
+                 "verdict": "strict math falls first (dose 0.25, knowledge from 0.5)"}
     v = causal.order_verdict(t([(0.5, "math strict", *flat), (0.5, "knowledge acc", *fall)]))
     assert v["verdict"] == "knowledge falls (from dose 0.5), format does not"
     v = causal.order_verdict(t([(1.0, "math lenient", *fall), (1.0, "knowledge acc", *flat)]))
     assert v["verdict"] == "neither falls outside the noise at any dose"  # lenient is not a format metric
     v = causal.order_verdict(t([(1.0, "math strict", *fall), (1.0, "knowledge acc", *fall)]))
-    assert v["verdict"] == "format and knowledge fall together (dose 1)"
+    assert v["verdict"] == "strict math and knowledge fall together (dose 1)"
+    v = causal.order_verdict(t([(0.5, "math strict", *fall), (0.5, "instructions strict", *fall),
+                                (0.25, "math lenient", *fall), (1.0, "knowledge acc", *fall)]))
+    assert v["verdict"] == ("strict instruction format and strict math fall first (dose 0.5, knowledge from 1); "
+                            "lenient math falls too (from dose 0.25, before its strict grading)")
+    v = causal.order_verdict(t([(0.5, "format strict", *fall), (0.5, "format lenient", *fall)]))
+    assert v["verdict"] == "strict format falls (from dose 0.5), knowledge does not; lenient format falls too (from dose 0.5)"
     assert causal.falls({"metric": "perplexity ppl", "lo": 0.5, "hi": 3}) and not causal.falls(
         {"metric": "math strict", "lo": -3, "hi": 0.0})
 
@@ -264,3 +270,21 @@ def test_tiny_lm_dose_response_runs_the_tiny_suites_under_the_intervention(monke
     assert causal.order_verdict(table, "sink")["verdict"]
     with pytest.raises(ParameterError, match="eval_n of a tiny model"):
         causal.evaluate(lm, None, eval_n={"instructions": 2})
+
+
+def test_dose_plans_add_random_draws_below_dose_one_with_their_own_seeds():
+    import numpy as np
+
+    mass = np.random.default_rng(0).random((4, 6))
+    one = causal.dose_plans(mass, [2, 3], [0.0, 0.5, 1.0], seed=3)
+    three = causal.dose_plans(mass, [2, 3], [0.0, 0.5, 1.0], seed=3, random_draws=3)
+    extra = [p for p in three if p["control"].startswith("random ")]
+    assert [(p["dose"], p["control"]) for p in extra] == [(0.5, "random 2"), (0.5, "random 3")]
+    assert [p for p in three if p not in extra] == one                    # the first draw is unchanged
+    first = next(p for p in one if (p["dose"], p["control"]) == (0.5, "random"))
+    assert all(p["k"] == first["k"] and p["heads"] != first["heads"] for p in extra)
+    assert not [p for p in causal.dose_plans(mass, [2, 3], [0.5], controls=["sink"], random_draws=3)
+                if p["control"].startswith("random")]
+    assert [causal.random_draw(c) for c in ("random", "random 2", "sink", "matched")] == [1, 2, 0, 0]
+    with pytest.raises(ParameterError, match="random_draws"):
+        causal.dose_plans(mass, [2, 3], [0.5], random_draws=0)

@@ -62,9 +62,9 @@ def test_matched_at_full_compares_where_the_mass_is_matched_only():
     assert set(full.model) == {"a"}
     m = full[full.metric == "math strict"].iloc[0]
     assert m["sink minus matched"] == 50.0 and m.lo > 0
-    s = R.matched_sentence(full)
+    s = R.dose1_sentence(full)
     assert s.startswith("a: removing the sink cost less than taking the same mass from other keys")
-    assert "matched" in R.matched_sentence(full.iloc[:0]) and "no dose" in R.matched_sentence(full.iloc[:0])
+    assert R.dose1_sentence(full.iloc[:0]).startswith("at dose 1 the matched control is outside its tolerance")
 
 
 def test_plain_finding_follows_the_verdicts_and_contrasts():
@@ -95,3 +95,53 @@ def test_plain_finding_names_the_metric_that_fell_and_its_lenient_twin():
             "is in the task itself") in s
     assert "Together, these tests do not show the role the paper's mechanism needs: the loss is not specific" in s
     assert "go the other way: the random heads cost more (a math strict at 0.3: sink minus random +11.0" in s
+
+
+def test_plain_finding_reads_the_matched_control_below_dose_one_where_it_is_tested():
+    verdicts = pd.DataFrame([{"model": "a", "control": "sink", "format_dose": 0.5, "knowledge_dose": None}])
+    untested = R.plain_finding(verdicts, _spec(), pd.DataFrame(), pd.DataFrame(), ["a"])
+    assert "outside its tolerance at every dose below 1, so it tests nothing there" in untested
+    assert untested.endswith("not specific to the sink heads.")
+    spec = _spec(matched_tested=True)
+    spec.loc[(spec.against == "matched") & (spec.dose == 0.3) & (spec.model == "a"), ["lo", "hi"]] = [1.0, 9.0]
+    s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"])
+    assert ("within its tolerance in 6 of 6 strict-format contrasts below dose 1): the sink heads cost more outside "
+            "the noise in 0 and less in 1 (a math strict at 0.3: ") in s
+    assert s.endswith("nor to the sink as such (the same attention mass taken from other keys cost as much or more).")
+    spec.loc[(spec.against == "matched") & (spec.dose == 0.5), ["lo", "hi"]] = [-9.0, -1.0]
+    assert "Together" not in R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"])
+
+
+def test_tiny_sentence_says_when_no_sink_formed():
+    rows = [{"variant": v, "S at init": 0.1, "S": s, "sink formed": f}
+            for v, s, f in (("none", -0.3, False), ("per_head", -0.1, False))]
+    words = R.tiny_sentence(rows)
+    assert words.startswith("None of chapter 7's tiny models formed a sink") and "no QK-norm +0.10 to -0.30" in words
+    rows[1]["sink formed"] = True
+    assert "formed in the tiny model with per-head QK-norm" in R.tiny_sentence(rows)
+    assert "but not in the one with no QK-norm" in R.tiny_sentence(rows)
+    assert R.tiny_sentence([]) == ""
+
+
+def test_plain_finding_adds_the_pooled_random_sets_where_they_ran():
+    from sinklib.causal.specific import POOLED
+
+    spec = pd.DataFrame([{"model": "m", "dose": 0.5, "against": a, "metric": "math strict", "sink minus control": v,
+                          "lo": lo, "hi": hi, "tested": True, "draws": d}
+                         for a, v, lo, hi, d in (("random", -2.0, -6.0, 2.0, None), (POOLED, -5.0, -9.0, -1.0, 3))])
+    verdicts = pd.DataFrame([{"model": "m", "control": "sink", "format_dose": 0.5, "knowledge_dose": None}])
+    text = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["m"])
+    assert "Pooled over 3 random head sets per dose (added after session 48's run, which drew one)" in text
+    assert "(the first random set of each dose, the pre-registered control)" in text
+    assert "Together" not in text  # the pooled sets show the sink heads costing more
+    assert "cost more strict format outside the noise in 1 of 1 contrasts." in text
+    assert "Pooled" not in R.plain_finding(verdicts, spec[spec.against == "random"], pd.DataFrame(), pd.DataFrame(),
+                                           ["m"])
+
+
+def test_dose1_sentence_tells_a_missing_dose_from_an_untested_one():
+    empty = pd.DataFrame(columns=["model", "metric", "sink minus matched", "lo", "hi", "p"])
+    no_dose1 = pd.DataFrame([{"dose": 0.5, "control": "matched"}])
+    assert R.dose1_sentence(empty, no_dose1).startswith("this run has no matched control at dose 1")
+    assert R.dose1_sentence(empty, pd.DataFrame([{"dose": 1.0, "control": "matched"}])).startswith(
+        "at dose 1 the matched control is outside its tolerance")

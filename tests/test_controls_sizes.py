@@ -28,3 +28,13 @@ def test_detectable_changes_are_computed_for_the_suites_used():
     shown = sizes.detectable_display(t).frame
     assert shown.loc[("a", "instructions strict"), "smallest fall, no churn (pt)"] == "none"
     assert "np.float64" not in shown.to_string()
+
+
+def test_one_formatter_prints_every_detectable_fall():
+    from sinklib.claims.core import power_note
+    from sinklib.controls.sizes import points
+
+    assert points(14.46) == "14.5" and points(18.0) == "18.0" and points(float("nan")) == "none"
+    note = power_note({"instructions strict": (72, 60.0)})
+    fall = note.split("instructions strict ")[1].split(" points")[0]
+    assert fall == points(float(fall)) and "." in fall   # the claims page's note prints it as chapter 6 does

@@ -111,7 +111,7 @@ def _table(matched_mass):
 def test_flag_and_mass_table_mark_an_unmatched_condition_not_tested():
     ok = matched.flag(_table(0.68), 0.05)
     assert ok.matched_ok.all() and ok[ok.control == "matched"].mass_diff.round(6).eq(-0.02).all()
-    assert causal.order_verdict(ok, "matched")["verdict"] == "format falls (from dose 0.5), knowledge does not"
+    assert causal.order_verdict(ok, "matched")["verdict"] == "strict math falls (from dose 0.5), knowledge does not"
     bad = matched.flag(_table(0.3), 0.05)
     assert not bad[bad.control == "matched"].matched_ok.any() and bad[bad.control != "matched"].matched_ok.all()
     v = causal.order_verdict(bad, "matched")
@@ -181,3 +181,12 @@ def test_match_plans_matches_on_given_sequences(monkeypatch, tmp_path):
         matched.match_plans(lm, None, plans, mass, [L - 1])
     with pytest.raises(ParameterError, match="fewer than 2 tokens"):
         matched.match_plans(lm, None, plans, mass, [L - 1], seqs=[[5]])
+
+
+def test_mass_table_shows_the_further_random_sets_as_their_mean():
+    t = _table(0.68)
+    extra = t[t.control == "random"].assign(control="random 2", mass_removed=0.5)
+    extra3 = extra.assign(control="random 3", mass_removed=0.7)
+    shown = matched.mass_table(pd.concat([t, extra, extra3], ignore_index=True), 0.05)
+    assert shown.loc[("m", 0.5), "random 2+ (mean)"] == 0.6
+    assert "random 2+ (mean)" not in matched.mass_table(t, 0.05)

@@ -136,6 +136,16 @@ def test_training_line_gap_rates_and_sizes_in_words():
     assert R.qk_norm_words("none") == "no QK-norm" and R.qk_norm_words("per_head") == "per-head QK-norm"
 
 
+def test_qk_norm_words_are_one_copy_said_two_ways():
+    from sinklib.core import words
+
+    assert R.qk_norm_words is words.qk_norm_words      # chapter 4's name is the one copy
+    assert words.qk_norm_words("layerwise") == "layerwise QK-norm"
+    assert words.qk_norm_words("some_kind") == "some-kind QK-norm"
+    assert [words.qk_norm_words(k, with_=True) for k in ("none", "per_head")] == \
+        ["without QK-norm", "with per-head QK-norm"]
+
+
 def test_vl_s_changes_reads_one_condition_of_one_model_over_its_seeds():
     rows = pd.DataFrame({"model": ["a", "a", "a", "a", "b"],
                          "condition": ["vl", "vl seed 1", "text_only", "vl seed 2", "vl"],

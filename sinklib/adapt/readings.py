@@ -15,6 +15,7 @@ import pandas as pd
 from sinklib.adapt.display import CONDITION_LABELS as LABELS
 from sinklib.adapt.scores import STRICT_METRICS as STRICT   # the strict-format mean's suites ('suite metric')
 from sinklib.core.numbers import direction, interval, signed
+from sinklib.core.words import QK_NORM_WORDS, qk_norm_words  # noqa: F401  (chapter 4 calls readings.qk_norm_words)
 from sinklib.evals.pooling import pooled
 
 
@@ -153,15 +154,6 @@ def runtime_note(rows: Sequence[Mapping[str, Any]], factor: float = 2.0) -> str:
 LARGE_FALL = 10.0
 #: a KL ratio (text-only over VL) beyond which one control moves the model further than the other
 KL_RATIO = 1.5
-#: QK-norm kinds (`lm.qk_norm`) in words
-QK_NORM_WORDS = {"none": "no QK-norm", "per_head": "per-head QK-norm", "layerwise": "layerwise QK-norm"}
-
-
-def qk_norm_words(kind: str) -> str:
-    """'none' -> 'no QK-norm', 'per_head' -> 'per-head QK-norm' (other kinds with '-' for '_')."""
-    return QK_NORM_WORDS.get(str(kind), f"{str(kind).replace('_', '-')} QK-norm")
-
-
 def _by_model(models: Sequence[str], words: Sequence[str], cells: Sequence[str], after: str = "") -> str:
     """'<word><after> (<cell>; <cell>)' where every model has the same word (the models named before, in this
     order), else '<word><after> in <model> (<cell>) and <word><after> in <model> (<cell>)'."""

@@ -189,7 +189,7 @@ def flag(table, tolerance: float = TOLERANCE):
 
 def mass_table(table, tolerance: float = TOLERANCE):
     """One row per (model, dose): the removed mass of each condition (per query, in units of the dose's sink
-    heads), the heads the matched control intervened on, its difference from the sink condition and whether it
+    heads; the random sets after the first as their mean), the heads the matched control intervened on, its difference from the sink condition and whether it
     is within `tolerance` (else 'no: not tested')."""
     import pandas as pd
 
@@ -199,6 +199,9 @@ def mass_table(table, tolerance: float = TOLERANCE):
         by = g.groupby("control").first()
         row = {"model": m, "dose": d, "k": int(by.k.iloc[0])}
         row.update({c: round(float(by.loc[c, "mass_removed"]), 3) for c in ("sink", "random", "matched") if c in by.index})
+        more = [c for c in by.index if c.startswith("random ")]  # the further random sets ('random 2', ...)
+        if more:
+            row["random 2+ (mean)"] = round(float(by.loc[more, "mass_removed"].mean()), 3)
         if "matched" in by.index:
             r = by.loc["matched"]
             row.update({"matched heads": int(r.n_heads), "matched - sink": round(float(r.mass_diff), 3),

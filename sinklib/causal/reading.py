@@ -1,12 +1,14 @@
-"""Chapter 8 in words: its three dose predictions judged against the run, the mass-matched control where it is
-matched (dose 1, a look added after the run and labelled so), and a plain finding for the top of the Summary.
+"""Chapter 8 in words: its three dose predictions judged against the run, the mass-matched control at dose 1
+(outside the primary test, labelled so), and a plain finding for the top of the Summary.
 Every direction word follows the intervals of `suites.dose_response`'s table and `specific.contrasts`."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sinklib.causal.specific import POOLED
 from sinklib.causal.suites import falls
 from sinklib.core.numbers import interval
+from sinklib.core.words import qk_norm_words
 from sinklib.evals.paired import paired_changes
 
 PREDICTED_DOSES = (0.5, 0.7)  # the doses the predictions were written for (session 40)
@@ -93,11 +95,14 @@ def matched_at_full(results: Mapping[str, Mapping], table, models: Sequence[str]
     return pd.DataFrame(rows, columns=["model", "metric", "sink minus matched", "lo", "hi", "p"])
 
 
-def matched_sentence(full) -> str:
+def dose1_sentence(full, table=None) -> str:
     """`matched_at_full` in words: where the same attention mass taken from other keys cost more (or less) than
-    taking it from the sink."""
+    taking it from the sink. `table` (the dose-response rows) tells an empty `full` apart: dose 1 not run with the
+    matched control, or outside its tolerance there."""
     if not len(full):
-        return "the matched control is within its tolerance at no dose, so nothing compares it with the sink"
+        if table is not None and not len(table[(table.dose == 1.0) & (table.control == "matched")]):
+            return "this run has no matched control at dose 1, so nothing compares it with the sink there"
+        return "at dose 1 the matched control is outside its tolerance, so nothing compares it with the sink there"
     parts = []
     for m, g in full.groupby("model", sort=False):
         cells = ", ".join(f"{mt} {interval(v, lo, hi)}" for mt, v, lo, hi in
@@ -138,6 +143,39 @@ def which_fell(table, models: Sequence[str]) -> str:
     return words + "."
 
 
+def _matched_below_one(spec, out: list[str]) -> tuple[int, int]:
+    """Adds to `out` the mass-matched control's strict-format contrasts below dose 1 (sink minus matched), where it
+    was within its tolerance; returns (contrasts where the sink cost more outside the noise, tested contrasts)."""
+    r = spec[(spec.against == "matched") & spec.metric.isin(["instructions strict", "math strict"])]
+    if not len(r):
+        return 0, 0
+    t = r[r.tested]
+    if not len(t):
+        out.append("The mass-matched control was outside its tolerance at every dose below 1, so it tests nothing "
+                   "there.")
+        return 0, 0
+    more, less = t[t.hi < 0], t[t.lo > 0]
+    out.append(f"Against the same attention mass taken from other keys (the matched control, within its tolerance "
+               f"in {len(t)} of {len(r)} strict-format contrasts below dose 1): the sink heads cost more outside the "
+               f"noise in {len(more)} and less in {len(less)}"
+               + (" (" + ", ".join(f"{m} {mt} at {d:g}: {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
+                                   zip(less.model, less.metric, less.dose, less["sink minus control"], less.lo,
+                                       less.hi)) + ")" if len(less) else "") + ".")
+    return len(more), len(t)
+
+
+def _pooled_sentence(spec, out: list[str]) -> None:
+    """Adds to `out` the sink heads against every random head set of a dose pooled (`specific.POOLED`, a look added
+    after session 48's run, which drew one random set per dose), on strict format, where the run has it."""
+    r = spec[(spec.against == POOLED) & spec.metric.isin(["instructions strict", "math strict"])]
+    if not len(r):
+        return
+    more, less = r[r.hi < 0], r[r.lo > 0]
+    out.append(f"Pooled over {int(r.draws.max())} random head sets per dose (added after session 48's run, which drew "
+               f"one), the sink heads cost more strict format outside the noise in {len(more)} of {len(r)} contrasts"
+               + (f" and less in {len(less)}" if len(less) else "") + ".")
+
+
 def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) -> str:
     """Three to six plain sentences of what chapter 8 found, every direction from the data (`table`: the
     dose-response rows, for which strict metrics fell and whether their lenient grading fell too)."""
@@ -165,7 +203,10 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
     r = spec[(spec.against == "random") & spec.metric.isin(["instructions strict", "math strict"])]
     below = r[r.hi < 0]
     other = spec[(spec.against == "random") & (spec.lo > 0)]
-    out.append("As many random heads cost about as much: " if not len(below) else "Against as many random heads: ")
+    pooled = spec[(spec.against == POOLED) & spec.metric.isin(["instructions strict", "math strict"])]
+    which = " (the first random set of each dose, the pre-registered control)" if len(pooled) else ""
+    out.append(f"As many random heads{which} cost about as much: " if not len(below) else
+               f"Against as many random heads{which}: ")
     out[-1] += (f"in none of {len(r)} strict-format contrasts did the sink heads cost more outside the noise, so "
                 "the fall is not shown to be specific to the sink." if not len(below) else
                 f"the sink heads cost more outside the noise in {len(below)} of {len(r)} strict-format contrasts "
@@ -175,12 +216,16 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
                     + ", ".join(f"{m} {mt} at {d:g}: sink minus random {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
                                 zip(other.model, other.metric, other.dose, other["sink minus control"], other.lo,
                                     other.hi)) + "), although they removed less attention mass.")
+    _pooled_sentence(spec, out)
+    m_more, m_tested = _matched_below_one(spec, out)
     if len(full):
-        out.append(f"Where the mass-matched control is matched (dose 1, a look added after the run), {matched_sentence(full)}.")
-    if first and not len(below):
+        out.append(f"At dose 1 (every head; outside the primary test), {dose1_sentence(full)}.")
+    if first and not len(below) and not (pooled.hi < 0).any() and not m_more:
         out.append("Together, these tests do not show the role the paper's mechanism needs: "
                    + ("the loss is not specific to format (its lenient grading fell as far) and " if lenient else "")
-                   + "not specific to the sink heads.")
+                   + "not specific to the sink heads"
+                   + (", nor to the sink as such (the same attention mass taken from other keys cost as much or more)"
+                      if m_tested else "") + ".")
     m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
     for m, g in (m_bos.groupby("model", sort=False) if len(m_bos) else []):
         fell = [r.metric for r in g.itertuples() if r.metric in ("instructions strict", "math strict", "knowledge acc")
@@ -189,3 +234,22 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
             out.append(f"Evaluating {m} without its BOS token cost {', '.join(fell)}"
                        + ("" if "instructions strict" in fell else ", but not strict instruction format") + ".")
     return " ".join(out)
+
+
+def tiny_sentence(tiny_info: Sequence[Mapping]) -> str:
+    """Section 8.6 in plain words: whether its question (does per-head QK-norm change reliance on the sink?) can be
+    answered, which needs a sink to have formed (chapter 7's criterion, `sink formed` of each variant's row)."""
+    if not tiny_info:
+        return ""
+    words = {r["variant"]: qk_norm_words(r["variant"]) for r in tiny_info}
+    formed = [words[r["variant"]] for r in tiny_info if r["sink formed"]]
+    span = ", ".join(f"{words[r['variant']]} {r['S at init']:+.2f} to {r['S']:+.2f}" for r in tiny_info)
+    if not formed:
+        return (f"None of chapter 7's tiny models formed a sink (S at initialisation to S after training: {span}), "
+                "so section 8.6 cannot say whether per-head QK-norm changes a model's reliance on its sink: there "
+                "it measures reliance on the first position only.")
+    missing = [words[r["variant"]] for r in tiny_info if not r["sink formed"]]
+    return (f"A sink formed in the tiny model{'s' if len(formed) > 1 else ''} with {' and '.join(formed)} "
+            f"(S at initialisation to S after training: {span})"
+            + (f" but not in the one{'s' if len(missing) > 1 else ''} with {' and '.join(missing)}, so the variants "
+               "are not compared on a sink" if missing else "") + ".")

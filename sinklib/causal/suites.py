@@ -22,10 +22,11 @@ from sinklib.core.cache import cached_json
 from sinklib.errors import ParameterError
 from sinklib.evals.items import fingerprint
 from sinklib.evals.paired import (PASS_FAIL, outcomes, paired_changes)  # noqa: F401  (re-exported: chapter 8 uses causal.paired_changes)
-from sinklib.core.params import check_choice, check_float
+from sinklib.core.params import check_choice, check_float, check_int
 
 CAUSAL_VERSION = 1
 CONTROLS = ("sink", "random", "matched")
+RANDOM_STRIDE = 1000  # seed offset between the random draws of one dose (`dose_plans`)
 FIRST_TOKENS = ("default", "none", "eos")
 
 
@@ -105,15 +106,27 @@ def evaluate(lm: Any, heads: Mapping[int, Sequence[int]] | None = None, *, mode:
     return cached_json(key, compute, folder="causal")
 
 
+def random_draw(control: str) -> int:
+    """The draw number of a random control: 'random' is draw 1, 'random 2' draw 2, ...; 0 for other controls."""
+    if control == "random":
+        return 1
+    head, _, tail = control.partition(" ")
+    return int(tail) if head == "random" and tail.isdigit() else 0
+
+
 def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed: int = 0,
-               controls: Sequence[str] = CONTROLS) -> list[dict]:
+               controls: Sequence[str] = CONTROLS, random_draws: int = 1) -> list[dict]:
     """The conditions of a dose-response curve: at each fraction of the (layer, head) pairs of `layers`, the
     heads with the most sink mass (`sink`, mode remove), as many random heads (`random`, remove; seed + the
     dose's index) and the same sink heads under `remove_matched` (`matched`, to be matched in mass by
-    `sinklib.causal.matched.match_plans`). Fraction 0 is one 'none' row. -> rows {dose, k, control, mode, heads}."""
+    `sinklib.causal.matched.match_plans`). With `random_draws` > 1 (and `random` among the controls), below dose 1
+    further random sets of as many heads ('random 2', ...; seed + the dose's index + RANDOM_STRIDE x (draw - 1)),
+    to be pooled with the first (`sinklib.causal.specific`). Fraction 0 is one 'none' row.
+    -> rows {dose, k, control, mode, heads}."""
     bad = [c for c in controls if c not in CONTROLS]
     if bad:
         raise ParameterError(f"parameter 'controls' has {bad}; allowed: {', '.join(CONTROLS)}")
+    random_draws = check_int("random_draws", random_draws, 1, 100)
     m = np.asarray(mass, dtype=float)
     n = len(layers) * m.shape[1]
     rows = []
@@ -127,6 +140,10 @@ def dose_plans(mass, layers: Sequence[int], fractions: Sequence[float], *, seed:
         plans = {"sink": ("remove", top), "random": ("remove", intervene.random_heads(layers, m.shape[1], k, seed + i)),
                  "matched": ("remove_matched", top)}
         rows += [{"dose": f, "k": k, "control": c, "mode": plans[c][0], "heads": plans[c][1]} for c in controls]
+        if "random" in controls and f < 1:  # at dose 1 every random set is every head
+            rows += [{"dose": f, "k": k, "control": f"random {j}", "mode": "remove",
+                      "heads": intervene.random_heads(layers, m.shape[1], k, seed + i + RANDOM_STRIDE * (j - 1))}
+                     for j in range(2, random_draws + 1)]
     if not any(r["k"] == 0 for r in rows) and n:
         rows.insert(0, {"dose": 0.0, "k": 0, "control": "none", "mode": "none", "heads": {}})
     return rows
@@ -240,25 +257,50 @@ def falls(row: Mapping) -> bool:
     return bool(row["lo"] > 0) if row["metric"].startswith("perplexity") else bool(row["hi"] < 0)
 
 
-def _order_words(f: float | None, k: float | None) -> str:
+def _order_words(f: float | None, k: float | None, what: str = "format") -> str:
+    verb = "fall" if " and " in what else "falls"
     if f is None and k is None:
         return "neither falls outside the noise at any dose"
     if k is None:
-        return f"format falls (from dose {f:g}), knowledge does not"
+        return f"{what} {verb} (from dose {f:g}), knowledge does not"
     if f is None:
         return f"knowledge falls (from dose {k:g}), format does not"
     if f < k:
-        return f"format falls first (dose {f:g}, knowledge from {k:g})"
+        return f"{what} {verb} first (dose {f:g}, knowledge from {k:g})"
     if k < f:
-        return f"knowledge falls first (dose {k:g}, format from {f:g})"
-    return f"format and knowledge fall together (dose {f:g})"
+        return f"knowledge falls first (dose {k:g}, {what} from {f:g})"
+    return f"{what} and knowledge fall together (dose {f:g})"
+
+
+#: a strict metric in a verdict's words
+STRICT_WORDS = {"instructions strict": "strict instruction format", "math strict": "strict math",
+                "format strict": "strict format"}
+
+
+def _first_fall(t, f: float | None) -> tuple[str, str]:
+    """What fell at the first strict-format dose `f`, in words, and from which dose its lenient grading fell, where
+    it fell by then (then the task itself went, not only its format; a lenient fall before `f` is named so)."""
+    if f is None:
+        return "format", ""
+    at = sorted(r.metric for r in t[(t.dose == f) & t.metric.isin(STRICT)].itertuples() if falls(r._asdict()))
+    lenient = {}
+    for m in at:
+        d = sorted(float(r.dose) for r in t[(t.dose <= f) & (t.metric == m.replace("strict", "lenient"))].itertuples()
+                   if falls(r._asdict()))
+        if d:
+            lenient[m.replace(" strict", "")] = d[0]
+    what = " and ".join(STRICT_WORDS.get(m, m) for m in at) or "format"
+    said = "; ".join(f"lenient {suite} falls too (from dose {d:g}" + (", before its strict grading)" if d < f else ")")
+                     for suite, d in lenient.items())
+    return what, (f"; {said}" if said else "")
 
 
 def order_verdict(table, control: str = "sink") -> dict:
     """Which skill falls first along the dose of one control (rows of `dose_response`'s table for one model):
-    the smallest dose at which a strict-format metric falls (`falls`) against the same for knowledge. Doses at
-    which the control is not tested (a matched control outside the mass tolerance, `matched_ok` False) are left
-    out and named. -> {'format_dose', 'knowledge_dose' (None: never), 'untested_doses', 'verdict'}."""
+    the smallest dose at which a strict-format metric falls (`falls`) against the same for knowledge, naming the
+    strict metric that fell and whether its lenient grading fell with it (then the loss is not the format alone).
+    Doses at which the control is not tested (a matched control outside the mass tolerance, `matched_ok` False)
+    are left out and named. -> {'format_dose', 'knowledge_dose' (None: never), 'untested_doses', 'verdict'}."""
     t = table[table.control == control]
     bad = sorted({float(d) for d in t[~t.matched_ok].dose}) if "matched_ok" in t else []
     t = t[~t.dose.isin(bad)]
@@ -270,8 +312,10 @@ def order_verdict(table, control: str = "sink") -> dict:
     if bad and not len(t):
         v = "not tested: the attention mass removed is outside the tolerance at every dose"
     else:
-        v = _order_words(f, k) + (f" (not tested at dose {', '.join(f'{d:g}' for d in bad)}: the attention mass "
-                                  "removed is outside the tolerance)" if bad else "")
+        what, lenient = _first_fall(t, f)
+        v = _order_words(f, k, what) + lenient + (
+            f" (not tested at dose {', '.join(f'{d:g}' for d in bad)}: the attention mass removed is outside the "
+            "tolerance)" if bad else "")
     return {"format_dose": f, "knowledge_dose": k, "untested_doses": bad, "verdict": v}
 
 
@@ -289,7 +333,8 @@ def _chapter8_params() -> dict:
 
     return {**MODEL_PARAMS, "seed": integer(0), "n_prompts": prompt_count, "max_tokens": integer(8, 4096),
             "last_k_layers": integer(1, 1000), "fractions": list_of(number(0.0, 1.0)),
-            "controls": list_of(choice(CONTROLS)), "match_tolerance": number(0.0, 1.0),
+            "controls": list_of(choice(CONTROLS)), "random_draws": integer(1, 100),
+            "match_tolerance": number(0.0, 1.0),
             "first_tokens": list_of(choice(FIRST_TOKENS)),
             "repair_fractions": list_of(number(0.0, 1.0)), "tiny_variants": list_of(choice(_tiny_variants()), min_len=0),
             "tiny_profile": choice(("quick", "full")), **COUNT_PARAMS,

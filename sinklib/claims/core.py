@@ -98,11 +98,13 @@ def strict_metrics() -> tuple[str, ...]:
 def power_note(suites: dict[str, tuple[int, float]]) -> str:
     """'smallest fall these suites detect ...' for {metric: (items, base pass rate in %)}, computed with
     `sinklib.evals.power` (paired McNemar, 80 % power, 5 % level, 5 % background flips: chapter 4's power table)."""
+    from sinklib.controls.sizes import points
     from sinklib.evals.power import power_table
 
     t = power_table({k: (n, p / 100) for k, (n, p) in suites.items()}, flips=(0.05,))
-    parts = [f"{r['suite']} {r['paired, flip 0.05']:.0f} points ({r['items']} items)" if r["paired, flip 0.05"] ==
-             r["paired, flip 0.05"] else f"{r['suite']}: no fall of any size ({r['items']} items)" for _, r in t.iterrows()]
+    fall = t["paired, flip 0.05"]
+    parts = [f"{s} {points(v)} points ({n} items)" if v == v else f"{s}: no fall of any size ({n} items)"
+             for s, v, n in zip(t.suite, fall, t["items"])]
     return "smallest fall these suites detect (80 % power): " + ", ".join(parts)
 
 

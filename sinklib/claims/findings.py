@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sinklib.claims.core import CH4, CH7, CH8, CH11, INTERIM, Evaluated, Results, pooled, strict_metrics, tally_text
+from sinklib.core.words import qk_norm_words
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, est, num, t_interval
 
@@ -186,8 +187,7 @@ def _qk_norms(res: Results) -> dict[str, str]:
 
 def s_by_norm(res: Results) -> str:
     s, qk = res(CH2)["results"]["S"], _qk_norms(res)
-    kind = {"none": "no QK-norm", "per_head": "per-head QK-norm", "layerwise": "layerwise QK-norm"}
-    real = ", ".join(f"{m} ({kind.get(qk.get(m, ''), '?')}) {s[m]:.2f}" for m in s)
+    real = ", ".join(f"{m} ({qk_norm_words(qk[m]) if m in qk else '?'}) {s[m]:.2f}" for m in s)
     lower = min(s, key=s.get)
     tiny = res(CH7)["results"].get("tiny_panel_rows") or []
     by: dict[str, list[float]] = {}
@@ -228,8 +228,7 @@ def tiny_sinks_by_norm(res: Results) -> str:
         by.setdefault(x["v"], []).append(x["sink"])
     if not by:
         return ""
-    kind = {"none": "without QK-norm", "per_head": "with per-head QK-norm", "layerwise": "with layerwise QK-norm"}
-    parts = ", ".join(f"{sum(v)} of {len(v)} {kind.get(k, k)}" for k, v in by.items())
+    parts = ", ".join(f"{sum(v)} of {len(v)} {qk_norm_words(k, with_=True)}" for k, v in by.items())
     normed = [x for k, v in by.items() if k != "none" for x in v]
     tail = ""
     if normed and not any(normed) and any(by.get("none", [])):

@@ -25,7 +25,9 @@ def detectable_table(base_outcomes: Mapping[str, Mapping], metrics: tuple[str, .
     return t.rename(columns={"suite": "metric"})
 
 
-def _points(v: float) -> str:
+def points(v: float) -> str:
+    """A detectable fall as the pages print it, to one decimal ('14.5'); 'none' for NaN (no fall is detectable).
+    The one formatter of chapter 6's sizes, chapter 8's and the claims page's power notes."""
     return "none" if v != v else f"{v:.1f}"
 
 
@@ -36,8 +38,8 @@ def detectable_display(table):
     d = table.set_index(["model", "metric"])
     out = d[["items"]].copy()
     out["base (%)"] = [f"{v:.1f}" for v in d["base (%)"]]
-    out["smallest fall, no churn (pt)"] = [_points(v) for v in d[BEST]]
-    out["with 5 % churn (pt)"] = [_points(v) for v in d[CHURN]]
+    out["smallest fall, no churn (pt)"] = [points(v) for v in d[BEST]]
+    out["with 5 % churn (pt)"] = [points(v) for v in d[CHURN]]
     return Table(out, "Smallest fall of each score (points) that the paired exact McNemar test detects with 80 % power "
                       "at the 5 % level, on this chapter's items at the base model's accuracy; 'no churn': every item "
                       "that changes goes one way, '5 % churn': besides the fall, 5 % of items fail and 5 % recover "
@@ -54,7 +56,7 @@ def undetectable(table, model: str, metrics: tuple[str, ...] = ("instructions st
 def _fall(best: float, churn: float) -> str:
     if best != best:
         return "no fall of any size"
-    return f"{best:.0f} points at best, " + ("none" if churn != churn else f"{churn:.0f} points") + " with 5 % churn"
+    return f"{points(best)} points at best, " + ("none" if churn != churn else f"{points(churn)} points") + " with 5 % churn"
 
 
 def detectable_sentence(table) -> str:

@@ -1,0 +1,27 @@
+import pandas as pd
+
+from sinklib.causal import cells
+
+
+def _t(rows):
+    return pd.DataFrame(rows, columns=["change", "lo", "hi", "p"])
+
+
+def test_a_cell_is_marked_where_the_interval_and_mcnemar_disagree():
+    t = _t([(-10.0, -20.0, -1.0, 0.07),     # interval outside zero, p above 0.05: disagree
+            (-10.0, -20.0, +1.0, 0.03),     # interval contains zero, p below: disagree
+            (-10.0, -20.0, -1.0, 0.01),     # both say a fall
+            (+1.0, -5.0, +6.0, 0.8),        # both say noise
+            (+0.2, -0.1, +0.5, float("nan"))])  # perplexity: no McNemar test, never marked
+    shown = cells.change_cells(t)
+    assert shown == ["-10.0 [-20.0, -1.0]†", "-10.0 [-20.0, +1.0]†", "-10.0 [-20.0, -1.0]", "+1.0 [-5.0, +6.0]",
+                     "+0.2 [-0.1, +0.5]"]
+    assert cells.change_cells(t, tested=[False, True, True, True, True])[0] == cells.NOT_TESTED_CELL
+
+
+def test_the_sentence_counts_only_tested_pass_fail_cells():
+    t = _t([(-10.0, -20.0, -1.0, 0.07), (-10.0, -20.0, -1.0, 0.01), (0.2, -0.1, 0.5, float("nan"))])
+    s = cells.disagreement_sentence(t)
+    assert "1 of 2 pass/fail cells" in s and "p = 0.070" in s and "the interval decides" in s
+    assert "agree at the 5 % level in the one pass/fail cell" in cells.disagreement_sentence(t, tested=[False, True, True])
+    assert cells.disagreement_sentence(t.iloc[2:]) == "no pass/fail cells to test"
