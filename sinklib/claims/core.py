@@ -101,6 +101,8 @@ def power_note(suites: dict[str, tuple[int, float]]) -> str:
     from sinklib.controls.sizes import points
     from sinklib.evals.power import power_table
 
+    if not suites:
+        return "smallest fall these suites detect (80 % power): "
     t = power_table({k: (n, p / 100) for k, (n, p) in suites.items()}, flips=(0.05,))
     fall = t["paired, flip 0.05"]
     parts = [f"{s} {points(v)} points ({n} items)" if v == v else f"{s}: no fall of any size ({n} items)"
