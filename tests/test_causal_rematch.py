@@ -87,3 +87,15 @@ def test_the_loop_brings_a_control_with_a_constant_gap_inside_the_tolerance(monk
     none = rematch.match_in_evaluation(lm, plans, mass, [L - 1], seqs, eval_n={"math": 2}, tolerance=0.05, rounds=0)
     assert [h["round"] for h in none[2]] == [0, 0]
     assert list(none[0][none[0].control == "matched"].drop_duplicates("dose").matched_ok) == [True, False]
+
+
+def test_rounds_are_shown_with_short_column_names():
+    from sinklib.causal import rematch
+
+    row = {"model": "m", "dose": 0.3, "round": 1, "x": 0.5, "extra heads": 2, "target on the inputs": 0.71234,
+           "removed on the inputs": 0.7, "removed in evaluation": 0.72, "sink in evaluation": 0.7, "difference": 0.02,
+           "within": True}
+    shown = rematch.rounds_display([row])
+    assert list(shown.index.names) == ["model", "dose", "round"]
+    assert "added" in shown.columns and "target (inputs)" in shown.columns and "extra heads" not in shown.columns
+    assert shown["target (inputs)"].iloc[0] == 0.712

@@ -84,3 +84,13 @@ def test_one_random_draw_is_not_pooled():
     results = {(0.5, "sink"): _ev(base, base), (0.5, "random"): _ev(base, base)}
     rows = specific.contrasts(results, _table([(0.5, "sink", 0.5, True), (0.5, "random", 0.5, True)]), model="m")
     assert set(rows.against) == {"random"}
+
+
+def test_outside_splits_by_the_one_rule():
+    import pandas as pd
+
+    from sinklib.causal.specific import outside
+
+    rows = pd.DataFrame({"lo": [-3.0, 1.0, -1.0], "hi": [-1.0, 4.0, 2.0]})
+    more, less = outside(rows)
+    assert list(more.index) == [0] and list(less.index) == [1]

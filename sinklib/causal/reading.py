@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sinklib.causal.specific import POOLED
+from sinklib.causal.specific import POOLED, outside
 from sinklib.causal.suites import falls
 from sinklib.core.numbers import interval
 from sinklib.core.words import qk_norm_words
 from sinklib.evals.paired import paired_changes
 
 PREDICTED_DOSES = (0.5, 0.7)  # the doses the predictions were written for (session 40)
+#: the strict-format metrics of the real models' suites (chapter 8's verdicts are about these two)
+STRICT_PAIR = ("instructions strict", "math strict")
+
+
+def _strict(spec, against: str):
+    """The contrasts of `spec` (`specific.contrasts`) against one control, on the two strict-format metrics."""
+    return spec[(spec.against == against) & spec.metric.isin(STRICT_PAIR)]
 
 
 def _row(table, model: str, dose: float, control: str, metric: str):
@@ -69,8 +76,8 @@ def prediction_3(spec, table, doses: Sequence[float] = PREDICTED_DOSES) -> str:
                 if len(diff) else "")
         return ("(3) not tested: at the predicted doses the matched control's removed mass was outside the "
                 f"tolerance in every model{span}")
-    inside = t[(t.lo <= 0) & (t.hi >= 0) & t.metric.isin(["instructions strict", "math strict"])]
-    s = t[t.metric.isin(["instructions strict", "math strict"])]
+    inside = t[(t.lo <= 0) & (t.hi >= 0) & t.metric.isin(STRICT_PAIR)]
+    s = t[t.metric.isin(STRICT_PAIR)]
     word = "held" if len(inside) == len(s) else "did not hold"
     return f"(3) {word}: {len(inside)} of {len(s)} tested strict-format contrasts inside the noise"
 
@@ -146,7 +153,7 @@ def which_fell(table, models: Sequence[str]) -> str:
 def _matched_below_one(spec, out: list[str]) -> tuple[int, int]:
     """Adds to `out` the mass-matched control's strict-format contrasts below dose 1 (sink minus matched), where it
     was within its tolerance; returns (contrasts where the sink cost more outside the noise, tested contrasts)."""
-    r = spec[(spec.against == "matched") & spec.metric.isin(["instructions strict", "math strict"])]
+    r = _strict(spec, "matched")
     if not len(r):
         return 0, 0
     t = r[r.tested]
@@ -154,7 +161,7 @@ def _matched_below_one(spec, out: list[str]) -> tuple[int, int]:
         out.append("The mass-matched control was outside its tolerance at every dose below 1, so it tests nothing "
                    "there.")
         return 0, 0
-    more, less = t[t.hi < 0], t[t.lo > 0]
+    more, less = outside(t)
     out.append(f"Against the same attention mass taken from other keys (the matched control, within its tolerance "
                f"in {len(t)} of {len(r)} strict-format contrasts below dose 1): the sink heads cost more outside the "
                f"noise in {len(more)} and less in {len(less)}"
@@ -167,10 +174,10 @@ def _matched_below_one(spec, out: list[str]) -> tuple[int, int]:
 def _pooled_sentence(spec, out: list[str]) -> None:
     """Adds to `out` the sink heads against every random head set of a dose pooled (`specific.POOLED`, a look added
     after session 48's run, which drew one random set per dose), on strict format, where the run has it."""
-    r = spec[(spec.against == POOLED) & spec.metric.isin(["instructions strict", "math strict"])]
+    r = _strict(spec, POOLED)
     if not len(r):
         return
-    more, less = r[r.hi < 0], r[r.lo > 0]
+    more, less = outside(r)
     out.append(f"Pooled over {int(r.draws.max())} random head sets per dose (added after session 48's run, which drew "
                f"one), the sink heads cost more strict format outside the noise in {len(more)} of {len(r)} contrasts"
                + (f" and less in {len(less)}" if len(less) else "") + ".")
@@ -200,10 +207,10 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
     else:
         out.append("Removing the sink from the heads that use it most did not cost strict format before knowledge "
                    "in any model.")
-    r = spec[(spec.against == "random") & spec.metric.isin(["instructions strict", "math strict"])]
-    below = r[r.hi < 0]
-    other = spec[(spec.against == "random") & (spec.lo > 0)]
-    pooled = spec[(spec.against == POOLED) & spec.metric.isin(["instructions strict", "math strict"])]
+    r = _strict(spec, "random")
+    below = outside(r)[0]
+    other = outside(spec[spec.against == "random"])[1]
+    pooled = _strict(spec, POOLED)
     which = " (the first random set of each dose, the pre-registered control)" if len(pooled) else ""
     out.append(f"As many random heads{which} cost about as much: " if not len(below) else
                f"Against as many random heads{which}: ")

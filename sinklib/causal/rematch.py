@@ -177,3 +177,16 @@ def _history(model: str, plans: Sequence[Mapping], table, tolerance: float, roun
                      "removed on the inputs": float(p["match"]["achieved"]), "removed in evaluation": got,
                      "sink in evaluation": sink, "difference": got - sink, "within": bool(abs(got - sink) <= tolerance)})
     return rows
+
+
+#: the rounds table's columns as a page shows them (short enough for the text column)
+ROUND_COLUMNS = {"extra heads": "added", "target on the inputs": "target (inputs)",
+                 "removed on the inputs": "removed (inputs)"}
+
+
+def rounds_display(rounds: Sequence[Mapping]):
+    """`match_in_evaluation`'s rounds as a page shows them: one row per (model, dose, round), to 3 decimals, with
+    the short column names of `ROUND_COLUMNS`."""
+    import pandas as pd
+
+    return pd.DataFrame(rounds).set_index(["model", "dose", "round"]).round(3).rename(columns=ROUND_COLUMNS)

@@ -75,6 +75,12 @@ def pooled_random(results: Mapping[tuple[float, str], Mapping], mass: Mapping[tu
     return rows
 
 
+def outside(rows) -> tuple[Any, Any]:
+    """Split contrasts (sink minus control) by the one rule: (the sink ablation cost more outside the noise: the
+    interval wholly below zero, it cost less: wholly above)."""
+    return rows[rows.hi < 0], rows[rows.lo > 0]
+
+
 def display(rows) -> Any:
     """`contrasts` rows as a page shows them: one row per model, dose and metric, one column per control."""
     import pandas as pd
@@ -100,8 +106,7 @@ def sentence(rows, metrics: Sequence[str] = tuple(STRICT), what: str = "strict f
         if not len(r):
             continue
         t = r[r.tested]
-        more = t[t.hi < 0]
-        less = t[t.lo > 0]
+        more, less = outside(t)
         n_all += len(t) if control != POOLED else 0
         n_pooled += len(t) if control == POOLED else 0
         where, other = (", ".join(f"{m} {mt} at {d:g}" for m, mt, d in zip(x.model, x.metric, x.dose))
