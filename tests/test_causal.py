@@ -288,3 +288,22 @@ def test_dose_plans_add_random_draws_below_dose_one_with_their_own_seeds():
     assert [causal.random_draw(c) for c in ("random", "random 2", "sink", "matched")] == [1, 2, 0, 0]
     with pytest.raises(ParameterError, match="random_draws"):
         causal.dose_plans(mass, [2, 3], [0.5], random_draws=0)
+
+
+def test_random_sets_say_how_many_sink_heads_they_share():
+    import numpy as np
+
+    from sinklib import causal
+
+    mass = np.arange(16, dtype=float).reshape(2, 8)
+    plans = causal.dose_plans(mass, [0, 1], [0.5, 1.0], seed=0, controls=("sink", "random"), random_draws=2)
+    rows = causal.shared_with_sink(plans)
+    assert [(r["dose"], r["control"]) for r in rows] == [(0.5, "random"), (0.5, "random 2")]   # dose 1: none
+    sink = {(l, h) for l, hs in next(p for p in plans if p["control"] == "sink" and p["dose"] == 0.5)["heads"].items()
+            for h in hs}
+    for r in rows:
+        plan = next(p for p in plans if p["control"] == r["control"] and p["dose"] == 0.5)
+        assert r["shared"] == len(sink & {(l, h) for l, hs in plan["heads"].items() for h in hs}) and r["k"] == 8
+    text = causal.shared_sentence({"m": rows})
+    assert text.startswith("m: ") and "of 8 at dose 0.5" in text
+    assert causal.shared_sentence({"m": []}) == "no random set below dose 1 in this run"

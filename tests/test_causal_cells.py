@@ -25,3 +25,8 @@ def test_the_sentence_counts_only_tested_pass_fail_cells():
     assert "1 of 2 pass/fail cells" in s and "p = 0.070" in s and "the interval decides" in s
     assert "agree at the 5 % level in the one pass/fail cell" in cells.disagreement_sentence(t, tested=[False, True, True])
     assert cells.disagreement_sentence(t.iloc[2:]) == "no pass/fail cells to test"
+
+
+def test_cells_read_a_named_value_column():
+    t = pd.DataFrame({"sink minus control": [-10.0], "lo": [-20.0], "hi": [-1.0], "p": [0.07]})
+    assert cells.change_cells(t, value="sink minus control") == ["-10.0 [-20.0, -1.0]†"]

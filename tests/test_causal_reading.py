@@ -75,7 +75,7 @@ def test_plain_finding_follows_the_verdicts_and_contrasts():
                         {"model": "b", "first token": "none", "metric": "instructions strict", "change": 2, "lo": -9,
                          "hi": 12}])
     s = R.plain_finding(verdicts, _spec(), pd.DataFrame(), bos, ["a", "b"])
-    assert "strict format before knowledge in a (from dose 0.3) and in no other model" in s
+    assert "strict format in a (from dose 0.3) and in no other model; knowledge did not fall at any dose" in s
     assert "As many random heads cost about as much" in s
     assert "Evaluating b without its BOS token cost knowledge acc, but not strict instruction format" in s
     assert "In none" not in R.plain_finding(verdicts, _spec(random_hi=-1.0), pd.DataFrame(), bos, ["a"])
@@ -90,11 +90,12 @@ def test_plain_finding_names_the_metric_that_fell_and_its_lenient_twin():
     spec = _spec()
     spec.loc[0, ["lo", "hi", "sink minus control"]] = [2.0, 20.0, 11.0]  # one contrast the other way
     s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"], table=table)
-    assert s.startswith("Removing the sink from the heads that use it most cost math strict before knowledge in a")
+    assert s.startswith("Removing the sink from the heads that use it most cost math strict in a")
     assert ("What fell was math strict; instructions strict never fell, and math lenient fell with it, so the loss "
             "is in the task itself") in s
     assert "Together, these tests do not show the role the paper's mechanism needs: the loss is not specific" in s
-    assert "go the other way: the random heads cost more (a math strict at 0.3: sink minus random +11.0" in s
+    assert "go the other way (uncorrected for their number): the random heads cost more (a math strict at 0.3: sink "\
+           "minus random +11.0" in s
 
 
 def test_plain_finding_reads_the_matched_control_below_dose_one_where_it_is_tested():
@@ -107,7 +108,9 @@ def test_plain_finding_reads_the_matched_control_below_dose_one_where_it_is_test
     s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"])
     assert ("within its tolerance in 6 of 6 strict-format contrasts below dose 1): the sink heads cost more outside "
             "the noise in 0 and less in 1 (a math strict at 0.3: ") in s
-    assert s.endswith("nor to the sink as such (the same attention mass taken from other keys cost as much or more).")
+    assert s.endswith("nor to the sink as such: the same attention mass taken from other keys cost as much or more, "
+                      "though that control works on more heads and takes all the content of sink-dominated heads "
+                      "(section 8.1).")
     spec.loc[(spec.against == "matched") & (spec.dose == 0.5), ["lo", "hi"]] = [-9.0, -1.0]
     assert "Together" not in R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"])
 
@@ -131,7 +134,7 @@ def test_plain_finding_adds_the_pooled_random_sets_where_they_ran():
                          for a, v, lo, hi, d in (("random", -2.0, -6.0, 2.0, None), (POOLED, -5.0, -9.0, -1.0, 3))])
     verdicts = pd.DataFrame([{"model": "m", "control": "sink", "format_dose": 0.5, "knowledge_dose": None}])
     text = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["m"])
-    assert "Pooled over 3 random head sets per dose (added after session 48's run, which drew one)" in text
+    assert "Pooled over 3 random head sets per dose (added after the previous run, which drew one)" in text
     assert "(the first random set of each dose, the pre-registered control)" in text
     assert "Together" not in text  # the pooled sets show the sink heads costing more
     assert "cost more strict format outside the noise in 1 of 1 contrasts." in text
@@ -145,3 +148,14 @@ def test_dose1_sentence_tells_a_missing_dose_from_an_untested_one():
     assert R.dose1_sentence(empty, no_dose1).startswith("this run has no matched control at dose 1")
     assert R.dose1_sentence(empty, pd.DataFrame([{"dose": 1.0, "control": "matched"}])).startswith(
         "at dose 1 the matched control is outside its tolerance")
+
+
+def test_prediction_3_says_which_way_it_failed():
+    import pandas as pd
+
+    spec = pd.DataFrame({"model": ["a", "a"], "dose": [0.5, 0.7], "against": ["matched"] * 2,
+                         "metric": ["math strict"] * 2, "sink minus control": [12.0, 8.0], "lo": [4.0, 2.0],
+                         "hi": [20.0, 14.0], "tested": [True, True]})
+    s = R.prediction_3(spec, pd.DataFrame())
+    assert s == ("(3) did not hold: 0 of 2 tested strict-format contrasts inside the noise; the matched control cost "
+                 "more in 2 (sink minus matched from +8.0 to +12.0 points)")

@@ -32,7 +32,7 @@ def test_sink_minus_control_is_paired_on_the_items_and_skips_dose_one_and_untest
     assert "against the random heads the sink ablation cost more strict format outside the noise in 1 of 1" in s
     assert "1 not tested (mass outside the tolerance)" in s and "This is 1 contrast, each" in s
     shown = specific.display(rows)
-    assert shown.loc[("m", "instructions strict", 0.5), "matched"] == "not tested"
+    assert shown.loc[("m", "instructions strict", 0.5), "matched"] == "not tested (mass)"
     k = specific.sentence(rows, ["knowledge acc"], what="knowledge")
     assert k.startswith("against the random heads the sink ablation cost more knowledge outside the noise in 0 of 1")
 

@@ -23,12 +23,12 @@ def disagrees(lo: float, hi: float, p: float, level: float = LEVEL) -> bool:
     return p == p and (p < level) != (lo > 0 or hi < 0)
 
 
-def change_cells(table, tested: Sequence[bool] | None = None) -> list[str]:
-    """One cell per row of a paired-changes table (columns change, lo, hi, p): 'v [lo, hi]' with `DISAGREE` where
+def change_cells(table, tested: Sequence[bool] | None = None, value: str = "change") -> list[str]:
+    """One cell per row of a paired-changes table (columns `value`, lo, hi, p): 'v [lo, hi]' with `DISAGREE` where
     the two tests disagree, `NOT_TESTED_CELL` where `tested` is False (a matched control outside its tolerance)."""
     ok = [True] * len(table) if tested is None else [bool(t) for t in tested]
     return [NOT_TESTED_CELL if not k else interval(c, lo, hi) + (DISAGREE if disagrees(lo, hi, p) else "")
-            for c, lo, hi, p, k in zip(table.change, table.lo, table.hi, table.p, ok)]
+            for c, lo, hi, p, k in zip(table[value], table.lo, table.hi, table.p, ok)]
 
 
 def disagreement_sentence(table, tested: Sequence[bool] | None = None, what: str = "cells") -> str:

@@ -79,7 +79,11 @@ def prediction_3(spec, table, doses: Sequence[float] = PREDICTED_DOSES) -> str:
     inside = t[(t.lo <= 0) & (t.hi >= 0) & t.metric.isin(STRICT_PAIR)]
     s = t[t.metric.isin(STRICT_PAIR)]
     word = "held" if len(inside) == len(s) else "did not hold"
-    return f"(3) {word}: {len(inside)} of {len(s)} tested strict-format contrasts inside the noise"
+    more, less = outside(s)
+    way = (f"; the matched control cost more in {len(less)} (sink minus matched from "
+           f"{less['sink minus control'].min():+.1f} to {less['sink minus control'].max():+.1f} points)"
+           if len(less) else "") + (f"; less in {len(more)}" if len(more) else "")
+    return f"(3) {word}: {len(inside)} of {len(s)} tested strict-format contrasts inside the noise{way}"
 
 
 def matched_at_full(results: Mapping[str, Mapping], table, models: Sequence[str], seed: int = 0,
@@ -178,9 +182,35 @@ def _pooled_sentence(spec, out: list[str]) -> None:
     if not len(r):
         return
     more, less = outside(r)
-    out.append(f"Pooled over {int(r.draws.max())} random head sets per dose (added after session 48's run, which drew "
+    out.append(f"Pooled over {int(r.draws.max())} random head sets per dose (added after the previous run, which drew "
                f"one), the sink heads cost more strict format outside the noise in {len(more)} of {len(r)} contrasts"
                + (f" and less in {len(less)}" if len(less) else "") + ".")
+
+
+def _random_sentence(spec, out: list[str]):
+    """Adds to `out` the sink heads against as many random heads (the first, pre-registered set) on strict format,
+    and the contrasts that go the other way (over the pooled random sets where the run has them: one draw can be a
+    lucky one). -> (the strict contrasts where the sink heads cost more, the pooled strict contrasts)."""
+    r = _strict(spec, "random")
+    below = outside(r)[0]
+    pooled = _strict(spec, POOLED)
+    against = POOLED if len(pooled) else "random"  # one random draw can be a lucky one: the pooled sets decide
+    other = outside(spec[spec.against == against])[1]
+    which = " (the first random set of each dose, the pre-registered control)" if len(pooled) else ""
+    out.append(f"As many random heads{which} cost about as much: " if not len(below) else
+               f"Against as many random heads{which}: ")
+    out[-1] += (f"in none of {len(r)} strict-format contrasts did the sink heads cost more outside the noise, so "
+                "the fall is not shown to be specific to the sink." if not len(below) else
+                f"the sink heads cost more outside the noise in {len(below)} of {len(r)} strict-format contrasts "
+                "(uncorrected for their number).")
+    if len(other):
+        out[-1] += (" The contrasts outside the noise go the other way"
+                    + (" (pooled over the random sets; uncorrected for their number)" if against == POOLED else
+                       " (uncorrected for their number)") + ": the random heads cost more ("
+                    + ", ".join(f"{m} {mt} at {d:g}: sink minus random {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
+                                zip(other.model, other.metric, other.dose, other["sink minus control"], other.lo,
+                                    other.hi)) + "), although they removed less attention mass.")
+    return below, pooled
 
 
 def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) -> str:
@@ -198,31 +228,19 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
     fell, lenient = _fell(table, first) if first else (set(), set())
     if first:
         what = " and ".join(sorted(fell)) if fell else "strict format"
-        out.append(f"Removing the sink from the heads that use it most cost {what} before knowledge in "
+        never = all(know[m] is None for m in first)
+        out.append(f"Removing the sink from the heads that use it most cost {what}"
+                   + (" " if never else " before knowledge ") + "in "
                    + ", ".join(f"{m} (from dose {fmt[m]:g})" for m in first)
-                   + (" and in no other model" if len(first) < len(fmt) else "") + ".")
+                   + (" and in no other model" if len(first) < len(fmt) else "")
+                   + ("; knowledge did not fall at any dose" if never else "") + ".")
         which = which_fell(table, first)
         if which:
             out.append(which)
     else:
         out.append("Removing the sink from the heads that use it most did not cost strict format before knowledge "
                    "in any model.")
-    r = _strict(spec, "random")
-    below = outside(r)[0]
-    other = outside(spec[spec.against == "random"])[1]
-    pooled = _strict(spec, POOLED)
-    which = " (the first random set of each dose, the pre-registered control)" if len(pooled) else ""
-    out.append(f"As many random heads{which} cost about as much: " if not len(below) else
-               f"Against as many random heads{which}: ")
-    out[-1] += (f"in none of {len(r)} strict-format contrasts did the sink heads cost more outside the noise, so "
-                "the fall is not shown to be specific to the sink." if not len(below) else
-                f"the sink heads cost more outside the noise in {len(below)} of {len(r)} strict-format contrasts "
-                "(uncorrected for their number).")
-    if len(other):
-        out[-1] += (" The contrasts outside the noise go the other way: the random heads cost more ("
-                    + ", ".join(f"{m} {mt} at {d:g}: sink minus random {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
-                                zip(other.model, other.metric, other.dose, other["sink minus control"], other.lo,
-                                    other.hi)) + "), although they removed less attention mass.")
+    below, pooled = _random_sentence(spec, out)
     _pooled_sentence(spec, out)
     m_more, m_tested = _matched_below_one(spec, out)
     if len(full):
@@ -231,8 +249,9 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
         out.append("Together, these tests do not show the role the paper's mechanism needs: "
                    + ("the loss is not specific to format (its lenient grading fell as far) and " if lenient else "")
                    + "not specific to the sink heads"
-                   + (", nor to the sink as such (the same attention mass taken from other keys cost as much or more)"
-                      if m_tested else "") + ".")
+                   + (", nor to the sink as such: the same attention mass taken from other keys cost as much or "
+                      "more, though that control works on more heads and takes all the content of sink-dominated heads "
+                      "(section 8.1)" if m_tested else "") + ".")
     m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
     for m, g in (m_bos.groupby("model", sort=False) if len(m_bos) else []):
         fell = [r.metric for r in g.itertuples() if r.metric in ("instructions strict", "math strict", "knowledge acc")

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sinklib.causal.suites import KNOWLEDGE, STRICT, random_draw
-from sinklib.core.numbers import interval
+from sinklib.causal.cells import change_cells
 from sinklib.evals.paired import paired_changes
 
 AGAINST = ("random", "matched")
@@ -86,9 +86,7 @@ def display(rows) -> Any:
     import pandas as pd
 
     shown = pd.DataFrame({"model": rows.model, "dose": rows.dose, "metric": rows.metric, "against": rows.against,
-                          "sink minus control (points)": [interval(v, lo, hi) if ok else "not tested"
-                                                          for v, lo, hi, ok in zip(rows["sink minus control"],
-                                                                                   rows.lo, rows.hi, rows.tested)]})
+                          "sink minus control (points)": change_cells(rows, rows.tested, value="sink minus control")})
     return shown.pivot_table(index=["model", "metric", "dose"], columns="against",
                              values="sink minus control (points)", aggfunc="first")
 
@@ -113,7 +111,7 @@ def sentence(rows, metrics: Sequence[str] = tuple(STRICT), what: str = "strict f
                         for x in (more, less))
         whom = (f"{int(r.draws.max())} random head sets pooled" if control == POOLED else
                 "the random heads (the first draw)" if control == "random" and (rows.against == POOLED).any() else
-                f"the {control} heads")
+                "the matched control" if control == "matched" else f"the {control} heads")
         parts.append(f"against {whom} the sink ablation cost more {what} outside the noise in "
                      f"{len(more)} of {len(t)} tested contrasts{(' (' + where + ')') if where else ''} and less in "
                      f"{len(less)}{(' (' + other + ')') if other else ''}"

@@ -17,7 +17,7 @@ import numpy as np
 from sinklib import evals
 from sinklib.causal import matched
 from sinklib.causal.matched import TOLERANCE
-from sinklib.core import intervene
+from sinklib.core import anatomy, intervene
 from sinklib.core.cache import cached_json
 from sinklib.errors import ParameterError
 from sinklib.evals.items import fingerprint
@@ -159,6 +159,42 @@ def set_overlap(plans: Sequence[Mapping]) -> list[dict]:
         shared = sum(len(set(a.get(l, [])) & set(b.get(l, []))) for l in a)
         out.append({"dose": d, "k": by[(d, "sink")]["k"], "shared": shared, "differ": a != b})
     return out
+
+
+def shared_with_sink(plans: Sequence[Mapping]) -> list[dict]:
+    """Per dose below 1 and random set of `dose_plans` ('random', 'random 2', ...): how many of the k sink heads
+    the random set shares (random sets are drawn from every considered head, the sink heads among them).
+    -> rows {dose, k, control, shared}."""
+    by = {(float(p["dose"]), p["control"]): p for p in plans}
+    out = []
+    for (d, c), p in sorted(by.items(), key=lambda kv: (kv[0][0], random_draw(kv[0][1]))):
+        if d < 1 and random_draw(c) and (d, "sink") in by:
+            a, b = _heads_key(by[(d, "sink")]["heads"]), _heads_key(p["heads"])
+            out.append({"dose": d, "k": p["k"], "control": c,
+                        "shared": sum(len(set(a.get(l, [])) & set(b.get(l, []))) for l in a)})
+    return out
+
+
+def shared_sentence(shared: Mapping[str, Sequence[Mapping]]) -> str:
+    """{model: `shared_with_sink` rows} in words: per dose, how many of the sink heads the random sets share."""
+    parts = []
+    for name, rows in shared.items():
+        cells = []
+        for d in sorted({r["dose"] for r in rows}):
+            n = [r["shared"] for r in rows if r["dose"] == d]
+            k = next(r["k"] for r in rows if r["dose"] == d)
+            span = f"{min(n)}" if min(n) == max(n) else f"{min(n)}-{max(n)}"
+            cells.append(f"{span} of {k} at dose {d:g}")
+        if cells:
+            parts.append(f"{name}: {', '.join(cells)}")
+    return "; ".join(parts) or "no random set below dose 1 in this run"
+
+
+def last_layers(model: Any, last_k_layers: int) -> list[int]:
+    """The indices of the last `last_k_layers` decoder layers of `model` (clamped to its depth): the layers whose
+    heads chapter 8 ranks and ablates."""
+    n = anatomy.n_layers(model)
+    return list(range(n - anatomy.clamp_last_k(last_k_layers, model), n))
 
 
 def overlap_sentence(overlaps: Mapping[str, Sequence[Mapping]]) -> str:

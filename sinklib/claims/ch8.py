@@ -24,8 +24,8 @@ def ablation_order(res):
                         quantity="orderings (for: format falls before knowledge and before as many random heads and "
                                  "the mass-matched control where it is tested; against: knowledge falls first)")
         if first and not specific:
-            why = (f"format falls before knowledge, but {' and '.join(early)} make it fall at the same dose or earlier "
-                   "(at dose 1 the random heads are every head), so the fall is not specific to the sink heads")
+            why = (f"strict format falls before any fall of knowledge, but {' and '.join(early)} make it fall at the "
+                   "same dose or earlier, so the fall is not specific to the sink heads")
         ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
         fell = _which(doc, m)
         out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else "") + (f". {fell}" if fell else "")
