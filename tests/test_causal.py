@@ -186,6 +186,10 @@ def test_order_verdict_rules():
                             "lenient math falls too (from dose 0.25, before its strict grading)")
     v = causal.order_verdict(t([(0.5, "format strict", *fall), (0.5, "format lenient", *fall)]))
     assert v["verdict"] == "strict format falls (from dose 0.5), knowledge does not; lenient format falls too (from dose 0.5)"
+    v = causal.order_verdict(t([(0.3, "math strict", *fall), (0.5, "instructions strict", *flat),
+                                (0.7, "instructions strict", *fall)]))   # a later strict fall is named too
+    assert v["verdict"] == ("strict math falls (from dose 0.3), knowledge does not; strict instruction format falls "
+                            "later (from dose 0.7)")
     assert causal.falls({"metric": "perplexity ppl", "lo": 0.5, "hi": 3}) and not causal.falls(
         {"metric": "math strict", "lo": -3, "hi": 0.0})
 

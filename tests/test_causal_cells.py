@@ -30,3 +30,15 @@ def test_the_sentence_counts_only_tested_pass_fail_cells():
 def test_cells_read_a_named_value_column():
     t = pd.DataFrame({"sink minus control": [-10.0], "lo": [-20.0], "hi": [-1.0], "p": [0.07]})
     assert cells.change_cells(t, value="sink minus control") == ["-10.0 [-20.0, -1.0]†"]
+
+
+def test_perplexity_cells_have_two_decimals_and_unchanged_inputs_are_no_measurement():
+    t = pd.DataFrame({"metric": ["perplexity ppl", "knowledge acc", "math strict"], "change": [-0.0335, 0.0, -2.0],
+                      "lo": [-0.0604, 0.0, -5.0], "hi": [-0.007, 0.0, 0.04], "p": [float("nan"), 1.0, 0.02]})
+    shown = cells.change_cells(t, unchanged=[False, True, False])
+    assert shown == ["-0.03 [-0.06, -0.01]", cells.UNCHANGED_CELL, "-2.0 [-5.0, +0.04]†"]
+
+
+def test_a_loss_read_from_other_columns_carries_no_mark():
+    t = pd.DataFrame({"metric": ["math strict"], "loss": [-4.0], "loss_lo": [-11.0], "loss_hi": [3.0], "p": [0.01]})
+    assert cells.change_cells(t, value="loss", lo="loss_lo", hi="loss_hi", marks=False) == ["-4.0 [-11.0, +3.0]"]

@@ -91,6 +91,9 @@ def test_plain_finding_names_the_metric_that_fell_and_its_lenient_twin():
     spec.loc[0, ["lo", "hi", "sink minus control"]] = [2.0, 20.0, 11.0]  # one contrast the other way
     s = R.plain_finding(verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"], table=table)
     assert s.startswith("Removing the sink from the heads that use it most cost math strict in a")
+    table2 = table.assign(change=[-20.0, -20.0, -3.0])
+    assert "in a (from dose 0.5: math strict -20.0 [-30.0, -10.0])" in R.plain_finding(
+        verdicts, spec, pd.DataFrame(), pd.DataFrame(), ["a"], table=table2)
     assert ("What fell was math strict; instructions strict never fell, and math lenient fell with it, so the loss "
             "is in the task itself") in s
     assert "Together, these tests do not show the role the paper's mechanism needs: the loss is not specific" in s
@@ -159,3 +162,23 @@ def test_prediction_3_says_which_way_it_failed():
     s = R.prediction_3(spec, pd.DataFrame())
     assert s == ("(3) did not hold: 0 of 2 tested strict-format contrasts inside the noise; the matched control cost "
                  "more in 2 (sink minus matched from +8.0 to +12.0 points)")
+
+
+def test_dose1_sentence_in_brief_groups_models_with_the_same_answer():
+    full = pd.DataFrame([{"model": m, "metric": "math strict", "sink minus matched": 10.0, "lo": 2.0, "hi": 18.0,
+                          "p": 0.01} for m in ("a", "b")])
+    assert R.dose1_sentence(full, brief=True) == ("in a and b, removing the sink cost less than taking the same mass "
+                                                  "from other keys")
+    assert "(sink minus matched: math strict +10.0 [+2.0, +18.0])" in R.dose1_sentence(full)
+
+
+def test_twin_sentence_counts_conditions_where_strict_and_lenient_agree():
+    rows = [{"model": "a", "metric": f"math {g}", "base": 40.0, "other": o, "dose": d}
+            for d, (s, le) in ((0.3, (30.0, 30.0)), (0.5, (20.0, 25.0))) for g, o in (("strict", s), ("lenient", le))]
+    rows += [{"model": "b", "metric": f"math {g}", "base": b, "other": 10.0, "dose": 0.3}
+             for g, b in (("strict", 20.0), ("lenient", 25.0))]
+    s = R.twin_sentence(pd.DataFrame(rows), ["a", "b"])
+    assert s.startswith("math strict and math lenient give the same score in a: 1 of 2 conditions (unablated both "
+                        "40.0 %")
+    assert s.endswith("; b: 0 of 1 conditions")
+    assert R.twin_sentence(pd.DataFrame(rows), ["c"]) == ""

@@ -98,4 +98,15 @@ def test_rounds_are_shown_with_short_column_names():
     shown = rematch.rounds_display([row])
     assert list(shown.index.names) == ["model", "dose", "round"]
     assert "added" in shown.columns and "target (inputs)" in shown.columns and "extra heads" not in shown.columns
-    assert shown["target (inputs)"].iloc[0] == 0.712
+    assert shown["target (inputs)"].iloc[0] == 0.712 and shown["within"].iloc[0] == "yes"
+    assert "removed on the inputs" not in shown.columns and "removed (inputs)" not in shown.columns
+    assert list(shown.columns) == ["x", "added", "target (inputs)", "removed (eval.)", "sink (eval.)", "diff.", "within"]
+
+
+def test_input_gap_is_the_largest_miss_of_a_search():
+    from sinklib.causal import rematch
+
+    rows = [{"target on the inputs": 0.70, "removed on the inputs": 0.69},
+            {"target on the inputs": 0.50, "removed on the inputs": 0.53}]
+    assert abs(rematch.input_gap(rows) - 0.03) < 1e-12
+    assert rematch.input_gap([]) != rematch.input_gap([])

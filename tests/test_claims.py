@@ -591,3 +591,18 @@ def test_s_under_vl_uses_the_seeds_and_the_summary_says_so():
                        "within noise", "random vs VL (strict format)": "within noise", "S under VL": C.s_under_vl(rows, m)}
                       for m in ("a", "b")])
     assert C.chapter4_summary(v).endswith("S fell under VL (t interval over the training seeds): b")
+
+
+def test_row_9b_names_a_perplexity_loss_and_what_each_restore_gives_back():
+    from sinklib.claims.ch8 import _ppl_repair
+
+    def r(c, change, lo, hi, loss_lo=0.39):
+        return {"control": c, "fraction": 0.25, "metric": "perplexity ppl", "loss": 0.6, "loss_lo": loss_lo,
+                "loss_hi": 0.83, "change": change, "lo": lo, "hi": hi}
+
+    rows = [r("sink heads", -0.034, -0.06, -0.007), r("random heads", -0.048, -0.065, -0.03)]
+    text = _ppl_repair(rows, 0.25)
+    assert text.startswith("; perplexity VL minus base +0.60 [+0.39, +0.83] (a loss outside the noise): restored, "
+                           "sink heads −0.03 [−0.06, −0.01], random heads −0.05")
+    assert text.endswith("(the sink heads give back less than a control)")
+    assert _ppl_repair([r("sink heads", -0.03, -0.06, -0.01, loss_lo=-0.1)], 0.25) == ""   # no loss: nothing said

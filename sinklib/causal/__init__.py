@@ -5,4 +5,5 @@ from sinklib.causal.suites import (CAUSAL_VERSION, CHAPTER8_PARAMS, CONTROLS, FI
     KNOWLEDGE, STRICT, TINY_EVAL_N, TinyLM, dose_plans, dose_response, evaluate, falls, first_token_tokenizer,
     order_verdict, overlap_sentence, set_overlap, tiny_lm, paired_changes, shared_with_sink, shared_sentence,
     last_layers)
+from sinklib.causal.reading import twin_sentence
 from sinklib.causal.matched import TOLERANCE, flag, mass_table, match_plans, sentence as matched_sentence

@@ -15,6 +15,7 @@ from sinklib.core.numbers import interval
 DISAGREE = "†"
 LEVEL = 0.05
 NOT_TESTED_CELL = "not tested (mass)"
+UNCHANGED_CELL = "inputs unchanged"
 
 
 def disagrees(lo: float, hi: float, p: float, level: float = LEVEL) -> bool:
@@ -23,12 +24,21 @@ def disagrees(lo: float, hi: float, p: float, level: float = LEVEL) -> bool:
     return p == p and (p < level) != (lo > 0 or hi < 0)
 
 
-def change_cells(table, tested: Sequence[bool] | None = None, value: str = "change") -> list[str]:
-    """One cell per row of a paired-changes table (columns `value`, lo, hi, p): 'v [lo, hi]' with `DISAGREE` where
-    the two tests disagree, `NOT_TESTED_CELL` where `tested` is False (a matched control outside its tolerance)."""
-    ok = [True] * len(table) if tested is None else [bool(t) for t in tested]
-    return [NOT_TESTED_CELL if not k else interval(c, lo, hi) + (DISAGREE if disagrees(lo, hi, p) else "")
-            for c, lo, hi, p, k in zip(table[value], table.lo, table.hi, table.p, ok)]
+def change_cells(table, tested: Sequence[bool] | None = None, value: str = "change", *, lo: str = "lo", hi: str = "hi",
+                 unchanged: Sequence[bool] | None = None, marks: bool = True) -> list[str]:
+    """One cell per row of a paired-changes table (columns `value`, `lo`, `hi`, p, metric): 'v [lo, hi]' (two
+    decimals for perplexity, whose changes are fractions of a unit) with `DISAGREE` where the two tests disagree
+    (`marks`: p belongs to this change), `NOT_TESTED_CELL` where `tested` is False (a matched control outside its
+    tolerance), `UNCHANGED_CELL` where `unchanged` is True (the condition left every input of that suite as it was:
+    a zero there is not a measurement)."""
+    n = len(table)
+    ok = [True] * n if tested is None else [bool(t) for t in tested]
+    same = [False] * n if unchanged is None else [bool(u) for u in unchanged]
+    metric = list(table["metric"]) if "metric" in table else [""] * n
+    ps = list(table["p"]) if marks and "p" in table else [float("nan")] * n
+    return [NOT_TESTED_CELL if not k else UNCHANGED_CELL if u else
+            interval(c, a, b, digits=2 if str(m).startswith("perplexity") else 1) + (DISAGREE if disagrees(a, b, q) else "")
+            for c, a, b, q, k, u, m in zip(table[value], table[lo], table[hi], ps, ok, same, metric)]
 
 
 def disagreement_sentence(table, tested: Sequence[bool] | None = None, what: str = "cells") -> str:

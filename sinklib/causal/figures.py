@@ -24,12 +24,13 @@ def legend_entries(axes) -> tuple[list, list[str]]:
 def dose_figure(blocks: Sequence[tuple[str, Any]], metrics: Sequence[str], *, xlabel: str,
                 doses: Sequence[float]):
     """`plots.dose_grid` over `blocks` [(panel name, dose-response rows)], its legend rebuilt from every panel and
-    its x ticks at `doses`. Returns the Figure."""
+    its x ticks at the ablated `doses` (dose 0, the unablated model, is every change's zero, not a point), labelled
+    as short as they go ('.3'), at the y ticks' size. Returns the Figure."""
     fig = plots.dose_grid(blocks, metrics, xlabel=xlabel)
     axes = [ax for ax in fig.axes if ax.get_visible()]
+    ticks = sorted({float(d) for d in doses if float(d) > 0})
     for ax in axes:
-        ax.set_xticks(sorted({float(d) for d in doses}))
-        ax.tick_params(axis="x", labelsize=8)
+        ax.set_xticks(ticks, [f"{d:g}".removeprefix("0") if d < 1 else f"{d:g}" for d in ticks])
     for old in list(fig.legends):
         old.remove()
     handles, labels = legend_entries(axes)

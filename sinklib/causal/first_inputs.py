@@ -37,6 +37,17 @@ def sentence(changes: Mapping[str, Mapping[str, Mapping[str, tuple[int, int]]]])
         return "no first-token condition besides the model's own was run"
     for model, by in changes.items():
         for ft, suites in by.items():
-            cells = ", ".join(f"{s} {c} of {n}" for s, (c, n) in suites.items())
+            cells = ", ".join(f"{s} {c} of {n}" + (" (one input per answer choice)" if s == "knowledge" else "")
+                              for s, (c, n) in suites.items())
             parts.append(f"{model}, first token '{ft}': {cells} inputs differ from the model as tokenised")
     return "; ".join(parts)
+
+
+def unchanged(rows, changes: Mapping[str, Mapping[str, Mapping[str, tuple[int, int]]]]) -> list[bool]:
+    """Per row of section 8.4's table (columns model, 'first token', metric): True where the condition left every
+    input of the row's suite as it was (`input_changes` counted none), so its zero change is no measurement."""
+    def same(model: str, ft: str, metric: str) -> bool:
+        c = changes.get(model, {}).get(ft, {}).get(str(metric).split()[0])
+        return c is not None and c[0] == 0
+
+    return [same(m, ft, mt) for m, ft, mt in zip(rows["model"], rows["first token"], rows["metric"])]

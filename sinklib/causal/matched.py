@@ -201,7 +201,8 @@ def mass_table(table, tolerance: float = TOLERANCE):
         row.update({c: round(float(by.loc[c, "mass_removed"]), 3) for c in ("sink", "random", "matched") if c in by.index})
         more = [c for c in by.index if c.startswith("random ")]  # the further random sets ('random 2', ...)
         if more:
-            row["random 2+ (mean)"] = round(float(by.loc[more, "mass_removed"].mean()), 3)
+            name = "random 2" if len(more) == 1 else f"random 2-{len(more) + 1} (mean)"  # the further sets' mean
+            row[name] = round(float(by.loc[more, "mass_removed"].mean()), 3)
         if "matched" in by.index:
             r = by.loc["matched"]
             row.update({"matched heads": int(r.n_heads), "matched - sink": round(float(r.mass_diff), 3),

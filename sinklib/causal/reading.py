@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from sinklib.causal.specific import POOLED, outside
 from sinklib.causal.suites import falls
+from sinklib.controls.sizes import points
 from sinklib.core.numbers import interval
 from sinklib.core.words import qk_norm_words
 from sinklib.evals.paired import paired_changes
@@ -106,10 +107,11 @@ def matched_at_full(results: Mapping[str, Mapping], table, models: Sequence[str]
     return pd.DataFrame(rows, columns=["model", "metric", "sink minus matched", "lo", "hi", "p"])
 
 
-def dose1_sentence(full, table=None) -> str:
+def dose1_sentence(full, table=None, brief: bool = False) -> str:
     """`matched_at_full` in words: where the same attention mass taken from other keys cost more (or less) than
-    taking it from the sink. `table` (the dose-response rows) tells an empty `full` apart: dose 1 not run with the
-    matched control, or outside its tolerance there."""
+    taking it from the sink (`brief`: without the intervals, models with the same answer together). `table` (the
+    dose-response rows) tells an empty `full` apart: dose 1 not run with the matched control, or outside its
+    tolerance there."""
     if not len(full):
         if table is not None and not len(table[(table.dose == 1.0) & (table.control == "matched")]):
             return "this run has no matched control at dose 1, so nothing compares it with the sink there"
@@ -123,11 +125,16 @@ def dose1_sentence(full, table=None) -> str:
         how = ("removing the sink cost less than taking the same mass from other keys" if more and not less else
                "removing the sink cost more than taking the same mass from other keys" if less and not more else
                "neither cost more outside the noise" if not more and not less else "the metrics disagree")
-        parts.append(f"{m}: {how} (sink minus matched: {cells})")
-    return "; ".join(parts)
+        parts.append((m, how, cells))
+    if brief:
+        hows = {}
+        for m, how, _ in parts:
+            hows.setdefault(how, []).append(m)
+        return "; ".join(f"in {' and '.join(ms)}, {how}" for how, ms in hows.items())
+    return "; ".join(f"{m}: {how} (sink minus matched: {cells})" for m, how, cells in parts)
 
 
-def _fell(table, models: Sequence[str]) -> tuple[set[str], set[str]]:
+def fell_metrics(table, models: Sequence[str]) -> tuple[set[str], set[str]]:
     """The strict metrics that fell under the sink ablation at any dose, and those of them whose lenient grading
     fell too."""
     if table is None or not len(table):
@@ -140,14 +147,29 @@ def _fell(table, models: Sequence[str]) -> tuple[set[str], set[str]]:
     return fell, lenient
 
 
-def which_fell(table, models: Sequence[str]) -> str:
-    """Which strict metrics fell under the sink ablation at any dose, and whether their lenient grading fell as
-    far (then the fall is in the skill, not only its format)."""
-    fell, lenient = _fell(table, models)
+def detectable(churned, metric: str, models: Sequence[str]) -> str:
+    """' (not detected: ...)' for a score that never fell: the smallest fall its suite detects with 80 % power at the
+    churn the ablations caused (`sinklib.causal.churn.observed` rows), per model; empty without churn rows."""
+    if churned is None or not len(churned):
+        return ""
+    fall = "smallest fall at that churn (pt)"
+    r = churned[(churned.metric == metric) & churned.model.isin(list(models))]
+    if not len(r):
+        return ""
+    parts = [f"{points(v)} points" + (f" in {m}" if len(r) > 1 else "") for m, v in zip(r.model, r[fall])]
+    return f" (the smallest fall detected four times in five at the churn the ablations caused: {', '.join(parts)})"
+
+
+def which_fell(table, models: Sequence[str], churned=None) -> str:
+    """Which strict metrics fell under the sink ablation at any dose (with, for one that never fell, the smallest
+    fall it could detect: `detectable`), and whether their lenient grading fell as far (then the fall is in the
+    skill, not only its format)."""
+    fell, lenient = fell_metrics(table, models)
     if not fell:
         return ""
     never = sorted({"instructions strict", "math strict"} - fell)
-    words = f"What fell was {' and '.join(sorted(fell))}" + (f"; {' and '.join(never)} never fell" if never else "")
+    words = f"What fell was {' and '.join(sorted(fell))}" + "".join(
+        f"; {n} never fell{detectable(churned, n, models)}" for n in never)
     if lenient:
         words += (f", and {' and '.join(sorted(m.replace('strict', 'lenient') for m in lenient))} fell with it, "
                   "so the loss is in the task itself, not only in its format")
@@ -168,11 +190,19 @@ def _matched_below_one(spec, out: list[str]) -> tuple[int, int]:
     more, less = outside(t)
     out.append(f"Against the same attention mass taken from other keys (the matched control, within its tolerance "
                f"in {len(t)} of {len(r)} strict-format contrasts below dose 1): the sink heads cost more outside the "
-               f"noise in {len(more)} and less in {len(less)}"
-               + (" (" + ", ".join(f"{m} {mt} at {d:g}: {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
-                                   zip(less.model, less.metric, less.dose, less["sink minus control"], less.lo,
-                                       less.hi)) + ")" if len(less) else "") + ".")
+               f"noise in {len(more)} and less in {len(less)}" + (f" ({_listed(less)})" if len(less) else "") + ".")
     return len(more), len(t)
+
+
+def _listed(rows, most: int = 2) -> str:
+    """Contrasts (sink minus control) in words: each of them up to `most`, else their range and the largest."""
+    cells = [f"{m} {mt} at {d:g}: {interval(v, lo, hi)}" for m, mt, d, v, lo, hi in
+             zip(rows.model, rows.metric, rows.dose, rows["sink minus control"], rows.lo, rows.hi)]
+    if len(cells) <= most:
+        return ", ".join(cells)
+    v = rows["sink minus control"]
+    return (f"sink minus control from {interval(v.min(), v.min(), v.min()).split(' ')[0]} to "
+            f"{interval(v.max(), v.max(), v.max()).split(' ')[0]} points; the largest, {cells[int(v.values.argmax())]}")
 
 
 def _pooled_sentence(spec, out: list[str]) -> None:
@@ -213,9 +243,19 @@ def _random_sentence(spec, out: list[str]):
     return below, pooled
 
 
-def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) -> str:
+def _at(table, model: str, dose: float, metrics) -> str:
+    """': math strict -17.0 [-27.0, -7.0]' for the sink ablation's rows of `metrics` at `dose` that fell."""
+    if table is None or not len(table) or "change" not in table:
+        return ""
+    t = table[(table.model == model) & (table.dose == dose) & (table.control == "sink") & table.metric.isin(sorted(metrics))]
+    cells = [f"{r.metric} {interval(r.change, r.lo, r.hi)}" for r in t.itertuples() if falls(r._asdict())]
+    return f": {', '.join(cells)}" if cells else ""
+
+
+def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None, churned=None) -> str:
     """Three to six plain sentences of what chapter 8 found, every direction from the data (`table`: the
-    dose-response rows, for which strict metrics fell and whether their lenient grading fell too)."""
+    dose-response rows, for which strict metrics fell and whether their lenient grading fell too; `churned`:
+    `churn.observed`, the power of each 'did not fall')."""
     sink = verdicts[verdicts.control == "sink"].set_index("model")
     def dose(m: str, col: str) -> float | None:
         v = sink.loc[m, col] if m in sink.index else None
@@ -225,16 +265,17 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
     know = {m: dose(m, "knowledge_dose") for m in models if m in sink.index}
     first = [m for m in fmt if fmt[m] is not None and (know[m] is None or know[m] > fmt[m])]
     out = []
-    fell, lenient = _fell(table, first) if first else (set(), set())
+    fell, lenient = fell_metrics(table, first) if first else (set(), set())
     if first:
         what = " and ".join(sorted(fell)) if fell else "strict format"
         never = all(know[m] is None for m in first)
         out.append(f"Removing the sink from the heads that use it most cost {what}"
                    + (" " if never else " before knowledge ") + "in "
-                   + ", ".join(f"{m} (from dose {fmt[m]:g})" for m in first)
+                   + ", ".join(f"{m} (from dose {fmt[m]:g}{_at(table, m, fmt[m], fell)})" for m in first)
                    + (" and in no other model" if len(first) < len(fmt) else "")
-                   + ("; knowledge did not fall at any dose" if never else "") + ".")
-        which = which_fell(table, first)
+                   + ("; knowledge did not fall at any dose" + detectable(churned, "knowledge acc", first)
+                      if never else "") + ".")
+        which = which_fell(table, first, churned)
         if which:
             out.append(which)
     else:
@@ -244,7 +285,7 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
     _pooled_sentence(spec, out)
     m_more, m_tested = _matched_below_one(spec, out)
     if len(full):
-        out.append(f"At dose 1 (every head; outside the primary test), {dose1_sentence(full)}.")
+        out.append(f"At dose 1 (every head; outside the primary test), {dose1_sentence(full, brief=True)}.")
     if first and not len(below) and not (pooled.hi < 0).any() and not m_more:
         out.append("Together, these tests do not show the role the paper's mechanism needs: "
                    + ("the loss is not specific to format (its lenient grading fell as far) and " if lenient else "")
@@ -252,14 +293,38 @@ def plain_finding(verdicts, spec, full, bos, models: Sequence[str], table=None) 
                    + (", nor to the sink as such: the same attention mass taken from other keys cost as much or "
                       "more, though that control works on more heads and takes all the content of sink-dominated heads "
                       "(section 8.1)" if m_tested else "") + ".")
-    m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
-    for m, g in (m_bos.groupby("model", sort=False) if len(m_bos) else []):
-        fell = [r.metric for r in g.itertuples() if r.metric in ("instructions strict", "math strict", "knowledge acc")
-                and falls(r._asdict())]
-        if fell:
-            out.append(f"Evaluating {m} without its BOS token cost {', '.join(fell)}"
-                       + ("" if "instructions strict" in fell else ", but not strict instruction format") + ".")
+    out += bos_sentences(bos)
     return " ".join(out)
+
+
+def bos_sentences(bos) -> list[str]:
+    """Section 8.4 in plain words, per model: what evaluating without BOS cost (rows whose inputs it left unchanged
+    are no measurement), whether knowledge fell as far as format (the paper's ordering predicts format first), and
+    a perplexity that rose."""
+    out = []
+    m_bos = bos[(bos["first token"] == "none")] if len(bos) else bos
+    if "inputs unchanged" in m_bos:
+        m_bos = m_bos[~m_bos["inputs unchanged"].astype(bool)]
+    for m, g in (m_bos.groupby("model", sort=False) if len(m_bos) else []):
+        rows = {r.metric: r for r in g.itertuples()}
+        fell = [mt for mt in ("instructions strict", "math strict", "knowledge acc") if mt in rows
+                and falls(rows[mt]._asdict())]
+        if not fell:
+            continue
+        words = (f"Evaluating {m} without its BOS token cost {', '.join(fell)}"
+                 + ("" if "instructions strict" in fell else ", but not strict instruction format"))
+        strict = [rows[mt].change for mt in STRICT_PAIR if mt in fell]
+        if "knowledge acc" in fell and (not strict or rows["knowledge acc"].change <= min(strict)):
+            k = rows["knowledge acc"]
+            words += (f"; knowledge fell as far or further ({interval(k.change, k.lo, k.hi)}"
+                      + (f" against {', '.join(f'{mt} {interval(rows[mt].change, rows[mt].lo, rows[mt].hi)}' for mt in STRICT_PAIR if mt in fell)}"
+                         if strict else "") + "), the opposite of the order the paper's mechanism predicts")
+        ppl = rows.get("perplexity ppl")
+        if ppl is not None and falls(ppl._asdict()):
+            words += (f", and its perplexity rose by {interval(ppl.change, ppl.lo, ppl.hi, digits=2)}: a broad "
+                      "breakage, not a loss of format alone")
+        out.append(words + ".")
+    return out
 
 
 def tiny_sentence(tiny_info: Sequence[Mapping]) -> str:
@@ -279,3 +344,21 @@ def tiny_sentence(tiny_info: Sequence[Mapping]) -> str:
             f"(S at initialisation to S after training: {span})"
             + (f" but not in the one{'s' if len(missing) > 1 else ''} with {' and '.join(missing)}, so the variants "
                "are not compared on a sink" if missing else "") + ".")
+
+
+def twin_sentence(table, models: Sequence[str], suite: str = "math") -> str:
+    """How often a suite's strict and lenient grading give the same score under the conditions of `table` (the
+    dose-response rows), per model: where the unablated scores are equal too, every item the model solves it also
+    answers in the required format, so the strict grading adds nothing the lenient one does not see."""
+    parts = []
+    for m in models:
+        s = table[(table.model == m) & (table.metric == f"{suite} strict")].reset_index(drop=True)
+        le = table[(table.model == m) & (table.metric == f"{suite} lenient")].reset_index(drop=True)
+        if not len(s) or len(s) != len(le):
+            continue
+        same = int(((s.other == le.other) & (s.base == le.base)).sum())
+        base = s.base.iloc[0] == le.base.iloc[0]
+        parts.append(f"{m}: {same} of {len(s)} conditions" + (
+            f" (unablated both {s.base.iloc[0]:.1f} %: every {suite} item it solves, it answers in the required "
+            "format, so there its strict and lenient falls are one fall)" if base and same >= len(s) / 2 else ""))
+    return (f"{suite} strict and {suite} lenient give the same score in " + "; ".join(parts)) if parts else ""

@@ -179,14 +179,27 @@ def _history(model: str, plans: Sequence[Mapping], table, tolerance: float, roun
     return rows
 
 
-#: the rounds table's columns as a page shows them (short enough for the text column)
+#: the rounds table's columns as a page shows them (short enough for the 688 px text column); the mass the search
+#: reached on the inputs is left out (`input_gap` says how close to its target it came; the evaluation's mass decides)
 ROUND_COLUMNS = {"extra heads": "added", "target on the inputs": "target (inputs)",
-                 "removed on the inputs": "removed (inputs)"}
+                 "removed in evaluation": "removed (eval.)", "sink in evaluation": "sink (eval.)",
+                 "difference": "diff."}
+ROUND_HIDDEN = ("removed on the inputs",)
 
 
 def rounds_display(rounds: Sequence[Mapping]):
     """`match_in_evaluation`'s rounds as a page shows them: one row per (model, dose, round), to 3 decimals, with
-    the short column names of `ROUND_COLUMNS`."""
+    the short column names of `ROUND_COLUMNS`, without `ROUND_HIDDEN`, 'within' as yes / no."""
     import pandas as pd
 
-    return pd.DataFrame(rounds).set_index(["model", "dose", "round"]).round(3).rename(columns=ROUND_COLUMNS)
+    shown = pd.DataFrame(rounds).set_index(["model", "dose", "round"]).round(3)
+    if "within" in shown:
+        shown["within"] = ["yes" if w else "no" for w in shown["within"]]
+    return shown.drop(columns=[c for c in ROUND_HIDDEN if c in shown.columns]).rename(columns=ROUND_COLUMNS)
+
+
+def input_gap(rounds: Sequence[Mapping]) -> float:
+    """The largest |target - removed| on the suites' inputs over `rounds` (how close each search came to its
+    target; NaN without rounds)."""
+    gaps = [abs(float(r["target on the inputs"]) - float(r["removed on the inputs"])) for r in rounds]
+    return max(gaps) if gaps else float("nan")

@@ -326,9 +326,12 @@ def _first_fall(t, f: float | None) -> tuple[str, str]:
         if d:
             lenient[m.replace(" strict", "")] = d[0]
     what = " and ".join(STRICT_WORDS.get(m, m) for m in at) or "format"
-    said = "; ".join(f"lenient {suite} falls too (from dose {d:g}" + (", before its strict grading)" if d < f else ")")
-                     for suite, d in lenient.items())
-    return what, (f"; {said}" if said else "")
+    said = [f"lenient {suite} falls too (from dose {d:g}" + (", before its strict grading)" if d < f else ")")
+            for suite, d in lenient.items()]
+    for m in sorted(set(STRICT) - set(at)):  # a strict metric that falls only at a larger dose is named too
+        d = sorted(float(r.dose) for r in t[(t.dose > f) & (t.metric == m)].itertuples() if falls(r._asdict()))
+        said += [f"{STRICT_WORDS.get(m, m)} falls later (from dose {d[0]:g})"] if d else []
+    return what, (f"; {'; '.join(said)}" if said else "")
 
 
 def order_verdict(table, control: str = "sink") -> dict:

@@ -24,8 +24,8 @@ def ablation_order(res):
                         quantity="orderings (for: format falls before knowledge and before as many random heads and "
                                  "the mass-matched control where it is tested; against: knowledge falls first)")
         if first and not specific:
-            why = (f"strict format falls before any fall of knowledge, but {' and '.join(early)} make it fall at the "
-                   "same dose or earlier, so the fall is not specific to the sink heads")
+            why = (f"{_what_fell(doc, m)} falls before any fall of knowledge, but {' and '.join(early)} make it fall "
+                   "at the same dose or earlier, so the fall is not specific to the sink heads")
         ctl = "; ".join(f"{c}: {r['verdict']}" for c, r in by.items() if c != "sink")
         fell = _which(doc, m)
         out[m] = (f"sink heads: {s['verdict']}" + (f" (controls: {ctl})" if ctl else "") + (f". {fell}" if fell else "")
@@ -34,15 +34,37 @@ def ablation_order(res):
     return per_model(out)
 
 
-def _which(doc: dict, model: str) -> str:
-    """Which strict metrics fell under the sink heads, and whether their lenient grading fell too
-    (`causal.reading.which_fell`); empty for a run without per-metric rows."""
+def _rows(doc: dict):
     import pandas as pd
 
+    return pd.DataFrame([r for r in doc["results"].get("dose_response") or [] if "lo" in r and "metric" in r])
+
+
+def _which(doc: dict, model: str) -> str:
+    """Which strict metrics fell under the sink heads, and whether their lenient grading fell too, with the fall a
+    suite that never fell could detect at the churn the ablations caused (`causal.reading.which_fell`); empty for a
+    run without per-metric rows."""
+    from sinklib.causal import churn
     from sinklib.causal.reading import which_fell
 
-    rows = [r for r in doc["results"].get("dose_response") or [] if "lo" in r and "metric" in r]
-    return which_fell(pd.DataFrame(rows), [model]).rstrip(".") if rows else ""
+    rows, p = _rows(doc), doc.get("parameters") or {}
+    if not len(rows):
+        return ""
+    n = {s: int(p[f"eval_{s}"]) for s in ("instructions", "math", "knowledge") if f"eval_{s}" in p}
+    churned = churn.observed(rows, n) if "gained" in rows and len(n) == 3 else None
+    return which_fell(rows, [model], churned).rstrip(".")
+
+
+def _what_fell(doc: dict, model: str) -> str:
+    """The strict metrics that fell under the sink heads, named ('math strict'), with '(its lenient grading fell
+    too)' where it did; 'strict format' for a run without per-metric rows."""
+    from sinklib.causal.reading import fell_metrics
+
+    rows = _rows(doc)
+    fell, lenient = fell_metrics(rows, [model]) if len(rows) else (set(), set())
+    if not fell:
+        return "strict format"
+    return " and ".join(sorted(fell)) + (" (its lenient grading fell too, so not format alone)" if lenient else "")
 
 
 def _early_controls(by: dict, f: float | None) -> list[str]:
@@ -107,8 +129,10 @@ def repair(res):
         worse = o["down"]["sink heads"]
         good = back["sink heads"] and not (back["random heads"] or back["other rows"])
         bad = worse or not back["sink heads"] and (back["random heads"] or back["other rows"])
+        ours += _ppl_repair(mine, f0)
         v, w = decide(None, counts=(int(good), int(bad), 1), not_tested="" if lost else
-                      "precondition failed: the VL loss is within noise (nothing to recover)",
+                      "precondition failed: the VL loss on the strict-format metrics is within noise (nothing to "
+                      "recover there)",
                       quantity="restores (for: the sink heads' restore repairs and no control does; against: a "
                                "control repairs, or the sink heads' restore makes it worse)")
         if lost and not (good or bad):
@@ -116,3 +140,17 @@ def repair(res):
                  "no restore moves a lost score outside noise")
         out[m] = (ours, v, w)
     return per_model(out)
+
+
+def _ppl_repair(rows: list[dict], fraction: float) -> str:
+    """'; perplexity VL minus base ... : restoring ... gives back ...' where the VL model's perplexity rose outside
+    the noise (a loss the strict metrics do not show); empty otherwise."""
+    ppl = {r["control"]: r for r in rows if r["fraction"] == fraction and r["metric"].startswith("perplexity")}
+    s = ppl.get("sink heads")
+    if s is None or not s["loss_lo"] > 0:
+        return ""
+    moves = ", ".join(f"{c} {est(Est(r['change'], r['lo'], r['hi']), 2)}" for c, r in ppl.items())
+    sink = ppl["sink heads"]["change"]
+    less = any(r["change"] < sink for c, r in ppl.items() if c != "sink heads")  # lower perplexity: more given back
+    return (f"; perplexity VL minus base {est(Est(s['loss'], s['loss_lo'], s['loss_hi']), 2)} (a loss outside the "
+            f"noise): restored, {moves}" + (" (the sink heads give back less than a control)" if less else ""))

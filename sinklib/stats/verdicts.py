@@ -104,7 +104,11 @@ def num(x: float, d: int = 1, sign: bool = True) -> str:
 
 
 def est(e: Est, d: int = 1, unit: str = "") -> str:
-    return f"{num(e.v, d)}{unit} [{num(e.lo, d)}, {num(e.hi, d)}]"
+    """'v [lo, hi]' with the typographic minus; an endpoint that would read as zero but is not gets one more
+    decimal (`sinklib.core.numbers.endpoint`: its sign decides the verdict)."""
+    from sinklib.core.numbers import endpoint
+
+    return f"{num(e.v, d)}{unit} [{endpoint(e.lo, d, '−')}, {endpoint(e.hi, d, '−')}]"
 
 
 def wilson_pct(score: float, n: int) -> Est:
