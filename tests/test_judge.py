@@ -10,7 +10,7 @@ def test_side_and_iv():
     assert side(-3, -1) == "below zero, outside the noise"
     assert side(0.5, 2) == "above zero, outside the noise"
     assert side(0.0, 2) == "within the noise"
-    assert iv(1.9, 0.004, 4.4) == "+1.90 [0.00, +4.40]" and iv(1.9, 0.0, 4.4) == "+1.9 [0.0, +4.4]"
+    assert iv(1.9, 0.004, 4.4) == "+1.9 [+0.004, +4.4]" and iv(1.9, 0.0, 4.4) == "+1.9 [0.0, +4.4]"
 
 
 def test_judge_injection_held_and_failed():

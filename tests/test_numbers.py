@@ -10,7 +10,7 @@ def test_signed_zero_reads_unsigned():
 def test_interval_formats_each_bound():
     assert interval(1.3, -0.02, 3.0) == "+1.3 [-0.02, +3.0]"   # its sign decides: one more decimal
     assert interval(-12.0, -27.8, 0.035) == "-12.0 [-27.8, +0.04]" and interval(0.0, 0.0, 0.0) == "0.0 [0.0, 0.0]"
-    assert interval(0.001, -0.004, 0.004) == "0.0 [0.0, 0.0]"      # still zero at one more decimal
+    assert interval(0.001, -0.004, 0.004) == "0.0 [-0.004, +0.004]" and endpoint(1e-6) == "0.0"  # zero to 4 places
     assert interval(-1.0, -2.0, 0.04, minus="−") == "−1.0 [−2.0, +0.04]" and endpoint(-0.04, minus="−") == "−0.04"
     assert interval(-5.0, -9.24, -0.76) == "-5.0 [-9.2, -0.8]"
 

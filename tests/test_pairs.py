@@ -236,7 +236,7 @@ def test_findings_sentences_come_from_the_tables():
 def test_interval_cell_writes_p_and_zero_plainly():
     assert pairs.interval_cell(-0.01, -5.5, 5.4, 1.0) == "0.0 [-5.5, +5.4] p=1.000"
     assert pairs.interval_cell(-19.6, -25.7, -13.6, 1e-5) == "-19.6 [-25.7, -13.6] p<0.001"
-    assert pairs.interval_cell(0.04, -0.04, 0.01) == "0.0 [0.0, 0.0]"  # no p where it is NaN
+    assert pairs.interval_cell(0.04, -0.04, 0.01) == "0.0 [-0.04, +0.01]"  # no p where it is NaN; the bounds' signs kept
 
 
 def test_paired_table_and_display():

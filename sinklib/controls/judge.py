@@ -21,9 +21,8 @@ def side(lo: float, hi: float) -> str:
 
 
 def iv(v: float, lo: float, hi: float) -> str:
-    """`interval`, with two decimals when a bound that is not zero would print as 0.0."""
-    near = any(x != 0 and abs(x) < 0.05 for x in (lo, hi))
-    return interval(v, lo, hi, digits=2 if near else 1)
+    """`interval` (a bound that is not zero but would print as 0.0 gets more decimals: `numbers.endpoint`)."""
+    return interval(v, lo, hi)
 
 
 def held(ok: bool, partly: bool = False) -> str:

@@ -11,14 +11,18 @@ def signed(value: float, digits: int = 1, minus: str = "-") -> str:
 
 def interval(value: float, lo: float, hi: float, digits: int = 1, minus: str = "-") -> str:
     """A change and its interval, 'v [lo, hi]', each `signed`; an endpoint that is not zero but rounds to zero at
-    `digits` gets one more decimal ('[-27.8, +0.04]'), since its sign decides whether the interval excludes zero."""
+    `digits` gets more decimals (`endpoint`: '[-27.8, +0.04]'), since its sign decides whether the interval excludes
+    zero."""
     return f"{signed(value, digits, minus)} [{endpoint(lo, digits, minus)}, {endpoint(hi, digits, minus)}]"
 
 
-def endpoint(value: float, digits: int = 1, minus: str = "-") -> str:
-    """An interval's endpoint: `signed`, with one more decimal where it is not zero but would read as zero."""
-    zero = round(value, digits) == 0
-    return signed(value, digits + 1, minus) if zero and round(value, digits + 1) != 0 else signed(value, digits, minus)
+def endpoint(value: float, digits: int = 1, minus: str = "-", most: int = 3) -> str:
+    """An interval's endpoint: `signed`, with up to `most` more decimals where it is not zero but would read as zero
+    (its sign decides whether the interval excludes zero); one that reads zero even then stays '0.0'."""
+    for d in range(digits, digits + most + 1):
+        if round(value, d) != 0:
+            return signed(value, d, minus)
+    return signed(value, digits, minus)
 
 
 def direction(lo: float, hi: float, within: str = "did not move outside the noise", up: str = "rose",
