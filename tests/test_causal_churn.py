@@ -29,3 +29,16 @@ def test_no_condition_below_dose_one_says_so():
 def test_display_says_none_where_no_fall_is_detectable():
     r = churn.observed(_t([("math strict", 0.5, 0)]).assign(base=0.0), {"math": 2})
     assert churn.display(r).loc[("m", "math strict"), "smallest fall at that churn (pt)"] == "none"
+
+
+def test_churn_from_a_stored_document_needs_rows_and_suite_sizes():
+    from sinklib.causal import churn
+
+    rows = [{"model": "m", "metric": "math strict", "dose": 0.5, "control": "sink", "base": 40.0, "gained": 5,
+             "lo": -1.0, "hi": 1.0}]
+    doc = {"results": {"dose_response": rows},
+           "parameters": {"eval_instructions": 72, "eval_math": 100, "eval_knowledge": 100}}
+    got = churn.from_document(doc)
+    assert list(got.metric) == ["math strict"] and got["churn each way (%)"].iloc[0] == 5.0
+    assert churn.from_document({"results": {"dose_response": rows}, "parameters": {}}) is None
+    assert churn.from_document({"results": {}, "parameters": doc["parameters"]}) is None

@@ -53,3 +53,14 @@ def display(rows):
     fall = "smallest fall at that churn (pt)"
     shown = rows.set_index(["model", "metric"])
     return shown.assign(**{fall: [points(v) for v in shown[fall]]})
+
+
+def from_document(doc: Mapping):
+    """`observed` for a stored chapter-8 results document ({'results': {'dose_response': rows}, 'parameters':
+    {'eval_instructions', 'eval_math', 'eval_knowledge', ...}}); None where the rows or the suite sizes are missing."""
+    import pandas as pd
+
+    rows = pd.DataFrame([r for r in (doc.get("results") or {}).get("dose_response") or [] if "gained" in r])
+    p = doc.get("parameters") or {}
+    n = {s: int(p[f"eval_{s}"]) for s in ("instructions", "math", "knowledge") if f"eval_{s}" in p}
+    return observed(rows, n) if len(rows) and len(n) == 3 else None

@@ -47,12 +47,8 @@ def _which(doc: dict, model: str) -> str:
     from sinklib.causal import churn
     from sinklib.causal.reading import which_fell
 
-    rows, p = _rows(doc), doc.get("parameters") or {}
-    if not len(rows):
-        return ""
-    n = {s: int(p[f"eval_{s}"]) for s in ("instructions", "math", "knowledge") if f"eval_{s}" in p}
-    churned = churn.observed(rows, n) if "gained" in rows and len(n) == 3 else None
-    return which_fell(rows, [model], churned).rstrip(".")
+    rows = _rows(doc)
+    return which_fell(rows, [model], churn.from_document(doc)).rstrip(".") if len(rows) else ""
 
 
 def _what_fell(doc: dict, model: str) -> str:

@@ -158,13 +158,17 @@ def head_ablation(res: Results, with_bos: bool = False) -> str:
 
     from sinklib.causal.reading import plain_finding
 
-    doc = res(CH8)["results"]
+    from sinklib.causal.churn import from_document
+
+    whole = res(CH8)
+    doc = whole["results"]
     if not doc.get("specificity") or not doc.get("verdicts"):
         return ""
     ver = pd.DataFrame(doc["verdicts"])
     bos = pd.DataFrame(doc.get("first_token") or []) if with_bos else pd.DataFrame()
     text = plain_finding(ver, pd.DataFrame(doc["specificity"]), pd.DataFrame(doc.get("matched_at_full") or []),
-                         bos, list(dict.fromkeys(ver.model)), table=pd.DataFrame(doc["dose_response"]))
+                         bos, list(dict.fromkeys(ver.model)), table=pd.DataFrame(doc["dose_response"]),
+                         churned=from_document(whole))
     return f"Switching the sink off (chapter 8, paired 95 % intervals): {text}"
 
 
