@@ -5,7 +5,7 @@
 Per page of the table of contents, at 1280 px wide: it loads without console errors of ours (messages about
 remote http(s) resources are ignored: the book is read offline); every internal link and image resolves;
 every figure in a chapter's output is followed by a caption ("Figure N.k."); math is rendered by MathJax (no
-raw TeX delimiters left); no table or display equation is wider than the content column; no struck-through or
+raw TeX delimiters left); no table, display equation or printed output is wider than the content column; no struck-through or
 unclosed markup (an `<s>`, `<del>` or `<strike>` element, or text drawn with line-through, in the article or its
 contents sidebar); no table cell cut short with '...' (a DataFrame shown without `plots.Table`); no leftover object repr (``<... at 0x...>``) or raw numpy repr (``np.float64(``) in the text;
 no word written twice in the prose ("Lemma Lemma"); no figure whose text overlaps (the warning that
@@ -38,6 +38,10 @@ async () => {
   for (const t of col.querySelectorAll('table')) {
     const w = Math.max(t.scrollWidth, t.getBoundingClientRect().width);
     if (w > colW + 2) wide.push('table ' + Math.round(w) + ' px: ' + t.innerText.slice(0, 60).replace(/\s+/g, ' '));
+  }
+  for (const p of col.querySelectorAll('div.cell_output pre, div.output pre')) {  // printed output, if shown
+    if (p.offsetParent !== null && p.scrollWidth > p.clientWidth + 2)
+      wide.push('printed output ' + p.scrollWidth + ' px: ' + p.innerText.slice(0, 60).replace(/\s+/g, ' '));
   }
   for (const m of col.querySelectorAll('mjx-container[display="true"]')) {
     const box = m.closest('div.math') || m.parentElement;

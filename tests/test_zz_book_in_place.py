@@ -131,3 +131,18 @@ def test_browser_finds_struck_through_markup(tmp_path):
                               "<p>rows <code>&lt;condition&gt; seed &lt;s&gt;</code></p>")
     assert any("struck-through" in p for p in bad), bad
     assert not any("struck-through" in p for p in good), good
+
+
+def test_browser_finds_printed_output_wider_than_the_column(tmp_path):
+    """A printed line that runs past the column (the end of it hidden in a scrolling box) is reported; the book's
+    narrow.css wraps printed output, so the same line wrapped passes."""
+    line = "S 0.79; " * 400
+    bad, good = _bad_and_good(tmp_path, f"<div class='cell_output'><pre>{line}</pre></div>",
+                              f"<div class='cell_output'><pre style='white-space: pre-wrap'>{line}</pre></div>")
+    assert any(p.startswith("too wide") and "printed output" in p for p in bad), bad
+    assert not any("printed output" in p for p in good), good
+
+
+def test_the_book_wraps_printed_output():
+    css = (ROOT / "book" / "_static" / "narrow.css").read_text()
+    assert "div.cell_output pre" in css and "white-space: pre-wrap !important" in css
