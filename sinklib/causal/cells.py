@@ -24,6 +24,11 @@ def disagrees(lo: float, hi: float, p: float, level: float = LEVEL) -> bool:
     return p == p and (p < level) != (lo > 0 or hi < 0)
 
 
+def digits(metric: str) -> int:
+    """Decimals of a change of `metric`: two for perplexity (its changes are fractions of a unit), else one."""
+    return 2 if str(metric).startswith("perplexity") else 1
+
+
 def change_cells(table, tested: Sequence[bool] | None = None, value: str = "change", *, lo: str = "lo", hi: str = "hi",
                  unchanged: Sequence[bool] | None = None, marks: bool = True) -> list[str]:
     """One cell per row of a paired-changes table (columns `value`, `lo`, `hi`, p, metric): 'v [lo, hi]' (two
@@ -37,7 +42,7 @@ def change_cells(table, tested: Sequence[bool] | None = None, value: str = "chan
     metric = list(table["metric"]) if "metric" in table else [""] * n
     ps = list(table["p"]) if marks and "p" in table else [float("nan")] * n
     return [NOT_TESTED_CELL if not k else UNCHANGED_CELL if u else
-            interval(c, a, b, digits=2 if str(m).startswith("perplexity") else 1) + (DISAGREE if disagrees(a, b, q) else "")
+            interval(c, a, b, digits=digits(m)) + (DISAGREE if disagrees(a, b, q) else "")
             for c, a, b, q, k, u, m in zip(table[value], table[lo], table[hi], ps, ok, same, metric)]
 
 

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from sinklib.causal.specific import POOLED, outside
 from sinklib.causal.suites import falls
 from sinklib.controls.sizes import points
-from sinklib.core.numbers import interval
+from sinklib.causal.cells import digits
+from sinklib.core.numbers import interval, signed
 from sinklib.core.words import qk_norm_words
 from sinklib.evals.paired import paired_changes
 
@@ -201,8 +202,8 @@ def _listed(rows, most: int = 2) -> str:
     if len(cells) <= most:
         return ", ".join(cells)
     v = rows["sink minus control"]
-    return (f"sink minus control from {interval(v.min(), v.min(), v.min()).split(' ')[0]} to "
-            f"{interval(v.max(), v.max(), v.max()).split(' ')[0]} points; the largest, {cells[int(v.values.argmax())]}")
+    return (f"sink minus control from {signed(v.min())} to {signed(v.max())} points; the largest, "
+            f"{cells[int(v.values.argmax())]}")
 
 
 def _pooled_sentence(spec, out: list[str]) -> None:
@@ -321,7 +322,7 @@ def bos_sentences(bos) -> list[str]:
                          if strict else "") + "), the opposite of the order the paper's mechanism predicts")
         ppl = rows.get("perplexity ppl")
         if ppl is not None and falls(ppl._asdict()):
-            words += (f", and its perplexity rose by {interval(ppl.change, ppl.lo, ppl.hi, digits=2)}: a broad "
+            words += (f", and its perplexity rose by {interval(ppl.change, ppl.lo, ppl.hi, digits=digits(ppl.metric))}: a broad "
                       "breakage, not a loss of format alone")
         out.append(words + ".")
     return out

@@ -145,8 +145,11 @@ def _ppl_repair(rows: list[dict], fraction: float) -> str:
     s = ppl.get("sink heads")
     if s is None or not s["loss_lo"] > 0:
         return ""
-    moves = ", ".join(f"{c} {est(Est(r['change'], r['lo'], r['hi']), 2)}" for c, r in ppl.items())
+    from sinklib.causal.cells import digits
+
+    d = digits(s["metric"])
+    moves = ", ".join(f"{c} {est(Est(r['change'], r['lo'], r['hi']), d)}" for c, r in ppl.items())
     sink = ppl["sink heads"]["change"]
     less = any(r["change"] < sink for c, r in ppl.items() if c != "sink heads")  # lower perplexity: more given back
-    return (f"; perplexity VL minus base {est(Est(s['loss'], s['loss_lo'], s['loss_hi']), 2)} (a loss outside the "
+    return (f"; perplexity VL minus base {est(Est(s['loss'], s['loss_lo'], s['loss_hi']), d)} (a loss outside the "
             f"noise): restored, {moves}" + (" (the sink heads give back less than a control)" if less else ""))
