@@ -117,6 +117,36 @@ def test_plot_has_two_rows_per_model():
     assert len(fig.axes) == 2 and fig.axes[1].get_xlabel() == "stage-2 step"
 
 
+def test_a_lora_series_from_the_cached_stage_1_is_one_uninterrupted_run(cache):
+    """A VL series trains stage 1 once per model and seed (`sweep.stage1_dir`, without the LM's weights) and stage
+    2 from it: at two stage-2 rates (chapter 11's rate walk) stage 1 is not trained again, and each last snapshot
+    has the very weights of one uninterrupted `train_vl` run with LoRA."""
+    from sinklib.adapt import sweep
+
+    lm = _lm()
+    base = vl.clone_state_dict(lm.model)
+    lora = {"lm_method": "lora", "lora_rank": 2, "lora_alpha": 4.0, "lora_targets": ["q_proj", "v_proj"]}
+    for i, rate in enumerate((2e-3, 4e-4)):
+        p = {**_params(), **lora, "lr_lm": rate, "lr_projector_stage2": rate}
+        d = dose.train_series(lm, p, "vl", [3])[3]
+        s1 = sweep.stage1_dir(p)
+        assert sk_cache.checkpoint_exists(s1) and not sk_cache.weights_present(s1)  # the LM is the base
+        if i == 0:
+            mtime = (s1 / "meta.json").stat().st_mtime_ns
+        assert (s1 / "meta.json").stat().st_mtime_ns == mtime  # the second rate reused it
+        series = sk_cache.load_state(d, lm.model)
+        lm.model.load_state_dict(base, strict=True)
+        whole = vl.train_vl(lm.model, lm.tokenizer, stage1_steps=p["stage1_steps"], stage2_steps=3,
+                            batch_size=p["batch_size"], seed=p["seed"], image_size=p["image_size"],
+                            lr_projector=p["lr_projector"], lr_lm=rate, lr_projector_stage2=rate,
+                            progress=False, **vl.lm_method_of(p).params())
+        assert all(torch.equal(series[k], v) for k, v in lm.model.state_dict().items())
+        assert all(torch.equal(a, b) for a, b in zip(vl.load_checkpoint(d, lm.model, weights=False)
+                                                     .projector.state_dict().values(),
+                                                     whole.projector.state_dict().values()))
+        lm.model.load_state_dict(base, strict=True)
+
+
 def test_a_series_can_restore_the_base_from_elsewhere_instead_of_a_copy(cache, monkeypatch):
     """`restore` (the low-memory path of chapter 11): no copy of the base is taken, the model ends holding what
     `restore()` returns, and the snapshots are those of the default path."""

@@ -81,7 +81,7 @@ def _run_series(lm: Any, params: Mapping[str, Any], kind: str, dirs: Mapping[int
 
     model, tok = lm.model, lm.tokenizer
     base_sd = vl.clone_state_dict(model) if restore is None else None
-    offset = params["stage1_steps"] if kind == "vl" else 0
+    offset = 0  # stage 2 counted from 1: a VL run starts it from the cached stage-1 projector (`_stage1`)
 
     def snap(step: int, model: torch.nn.Module, stage: str = "", projector: Any = None, encoder: Any = None) -> None:
         s = step - offset
@@ -98,9 +98,11 @@ def _run_series(lm: Any, params: Mapping[str, Any], kind: str, dirs: Mapping[int
                   phrasing=params.get("phrasing", "question"), **vl.lm_method_of(params).params())
     try:
         if kind == "vl":
-            res = vl.train_vl(model, tok, stage1_steps=params["stage1_steps"], stage2_steps=params["stage2_steps"],
+            ck = _stage1(lm, params, progress)
+            res = vl.train_vl(model, tok, stage1_steps=0, stage2_steps=params["stage2_steps"],
                               lr_projector=params["lr_projector"], lr_lm=params["lr_lm"],
-                              lr_projector_stage2=params.get("lr_projector_stage2"), **common)
+                              lr_projector_stage2=params.get("lr_projector_stage2"), encoder=ck.encoder,
+                              projector=ck.projector, **common)
         else:
             res = vl.train_text_only(model, tok, steps=params["stage2_steps"], lr=params["lr_lm"], **common)
         last = params["stage2_steps"]
@@ -109,6 +111,17 @@ def _run_series(lm: Any, params: Mapping[str, Any], kind: str, dirs: Mapping[int
     finally:
         model.load_state_dict(base_sd if restore is None else restore(), strict=True)
         model.eval()
+
+
+def _stage1(lm: Any, params: Mapping[str, Any], progress: bool) -> Any:
+    """The pair's stage 1 (the projector, the LM frozen), trained once and cached by the parameters it depends on
+    (`sweep.stage1_dir`: not the stage-2 rates), read back as a checkpoint without the LM's weights. Stage 2 from
+    it gives the very weights of one uninterrupted `train_vl` run (the encoder, the projector's start and the LoRA
+    adapters come from seeded generators of their own, and each stage has its own optimizer; tested), so a rate
+    walk trains stage 1 once, and a job stopped after stage 1 resumes at stage 2."""
+    from sinklib.adapt import sweep
+
+    return vl.load_checkpoint(sweep.train_stage1(lm, params, progress=progress), lm.model, weights=False)
 
 
 def final_matches(lm: Any, params: Mapping[str, Any], kind: str,

@@ -59,14 +59,16 @@ def _common(params: Mapping[str, Any], progress: bool) -> dict:
 
 def train_stage1(lm: Any, params: Mapping[str, Any], *, progress: bool = False) -> Path:
     """Train (or find in the cache) stage 1 of the pair `params` from `lm.model`'s base weights; the LM is frozen
-    in stage 1, so only the projector changes. Returns the checkpoint folder."""
+    in stage 1, so only the projector changes, and the checkpoint holds the projector without the LM's (base)
+    weights. Returns the checkpoint folder. Used by the sweep's points and by every VL training of
+    `dose.train_series` (so the panel's rate walk trains stage 1 once per model and seed)."""
     d = stage1_dir(params)
     if cache.checkpoint_exists(d):
         return d
     res = vl.train_vl(lm.model, lm.tokenizer, stage1_steps=params["stage1_steps"], stage2_steps=0,
                       lr_projector=params["lr_projector"], lr_lm=0.0, lr_projector_stage2=0.0,
                       **_common(params, progress))
-    cache.save_checkpoint(d, lm.model, res.projector, res.encoder,
+    cache.save_checkpoint(d, lm.model, res.projector, res.encoder, weights=False,
                           meta={"kind": "vl stage 1", "seconds": res.seconds, "history": res.history})
     return d
 

@@ -206,8 +206,11 @@ def retrained(path: str | Path) -> dict | None:
 
 
 def save_checkpoint(path: str | Path, model: nn.Module, projector: nn.Module | None = None,
-                    encoder: nn.Module | None = None, meta: Mapping[str, Any] | None = None) -> Path:
-    """Write `model.safetensors` (the LM), `projector.safetensors` (if any) and `meta.json` to `path`.
+                    encoder: nn.Module | None = None, meta: Mapping[str, Any] | None = None,
+                    weights: bool = True) -> Path:
+    """Write `model.safetensors` (the LM; not with `weights=False`, for a checkpoint whose LM is the base model,
+    such as a VL stage 1, which trains the projector only: it is then weightless, `weights_present`),
+    `projector.safetensors` (if any) and `meta.json` to `path`.
 
     The encoder is not stored: its config (seed included) and a hash of its weights go into
     meta.json, and `load_checkpoint` rebuilds it and checks the hash. Written to a temporary
@@ -219,9 +222,10 @@ def save_checkpoint(path: str | Path, model: nn.Module, projector: nn.Module | N
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / WEIGHTS))
-    (tmp / WEIGHTS_RECORD).write_text(json.dumps({"sha256": file_sha256(tmp / WEIGHTS),
-                                                  "bytes": (tmp / WEIGHTS).stat().st_size}))
+    if weights:
+        save_model(model, str(tmp / WEIGHTS))
+        (tmp / WEIGHTS_RECORD).write_text(json.dumps({"sha256": file_sha256(tmp / WEIGHTS),
+                                                      "bytes": (tmp / WEIGHTS).stat().st_size}))
     info: dict[str, Any] = {"complete": True, "meta": dict(meta or {}),
                             "model_class": type(model).__name__,
                             "model_type": getattr(model.config, "model_type", None),
