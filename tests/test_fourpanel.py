@@ -286,11 +286,35 @@ def test_the_random_control_rebuilds_a_carried_vl_snapshot_instead_of_training(t
 def test_panelprep_can_run_a_part_of_the_panel():
     from sinklib.adapt import panelprep
 
-    p = {"models": ["a", "b", "c"], "seeds": [0, 1], "kinds": ["vl"]}
-    assert panelprep.subset(p, models=["c", "a"]) == {"models": ["a", "c"], "seeds": [0, 1], "kinds": ["vl"]}
-    assert panelprep.subset(p, seeds=[1])["seeds"] == [1] and panelprep.subset(p) == p
+    p = {"models": ["a", "b", "c"], "seeds": [0, 1], "kinds": ["vl", "text_only"], "random_scales": [4]}
+    assert panelprep.subset(p, models=["c", "a"]) == {**p, "models": ["a", "c"]} and panelprep.subset(p) == p
     with pytest.raises(ParameterError, match=r"--models \['d'\] is not among chapter 11's models"):
         panelprep.subset(p, models=["d"])
+    assert panelprep.job_filter(p) is None
+    keep = panelprep.job_filter(p, seeds=[1])
+    assert keep(("a", 1, "vl")) and keep(("a", 1, "text_only")) and not keep(("a", 0, "text_only"))
+    keep = panelprep.job_filter(p, kinds=["random", "text_only"])
+    assert keep(("a", 0, "random")) and keep(("b", 1, "text_only")) and not keep(("a", 1, "vl"))
+    with pytest.raises(ParameterError, match=r"--seeds \[2\] is not among chapter 11's seeds \[0, 1\]"):
+        panelprep.job_filter(p, seeds=[2])
+    with pytest.raises(ParameterError, match=r"--kinds \['random'\] is not among"):
+        panelprep.job_filter({**p, "random_scales": []}, kinds=["random"])
+
+
+def test_panelprep_says_what_was_wrong_without_a_traceback(monkeypatch, capsys):
+    from sinklib.adapt import panelprep
+    from sinklib.book import carry
+
+    monkeypatch.setattr(carry, "import_committed", lambda: None)
+    monkeypatch.setattr(panelprep, "chapter_params", lambda profile: {"models": ["a"], "seeds": [0, 1],
+                                                                       "kinds": ["vl"], "random_scales": []})
+    for argv in (["--kinds", "text_only"], ["--primary-only", "--all-jobs"]):
+        with pytest.raises(SystemExit) as e:
+            panelprep.main(argv)
+        assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kinds ['text_only'] is not among chapter 11's kinds ['vl']" in err and "Traceback" not in err
+    assert "not allowed with argument --primary-only" in err
 
 
 def test_the_chapter_says_where_its_evaluations_ran():
@@ -444,6 +468,18 @@ def test_the_panel_walks_each_models_rate_and_runs_its_other_jobs_at_the_chosen_
     assert ratechoice.chosen(out["walks"]["a"]) == g[1] and ratechoice.chosen(out["walks"]["b"]) is None
     assert out["params"][("a", 1)]["lr_lm"] == g[1] and set(out["evals"]) == {("a", 0, "vl"), ("b", 0, "vl"),
                                                                               ("a", 1, "vl")}
+    # a part of the panel (panelprep --seeds 1 --kinds text_only): the first seed's VL jobs, the rate walks,
+    # still come first, at seed 0, and only the kept jobs follow
+    from sinklib.adapt import panelprep
+
+    ran.clear()
+    p = {**p, "kinds": ["vl", "text_only"]}
+    fourpanel.run_panel(p, RECIPE, only=panelprep.job_filter(p, seeds=[1], kinds=["text_only"]))
+    assert ran == [("a", 0, "vl", g[0]), ("a", 0, "vl", g[1]), ("b", 0, "vl", g[1]), ("b", 0, "vl", g[2]),
+                   ("a", 1, "text_only", g[1])]
+    ran.clear()
+    fourpanel.run_panel(p, RECIPE, primary_only=True, only=lambda job: True)  # the primary test's jobs only
+    assert [r[1:3] for r in ran] == [(0, "vl")] * 4
 
 
 def test_the_primary_tests_outcome_is_decided_by_the_books_one_rule():

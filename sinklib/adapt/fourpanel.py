@@ -295,8 +295,10 @@ def random_control_low(lm: Any, params: Mapping[str, Any], base: Callable[[], di
     return {"kl": kls, "matched": k, "size": size, "evaluation": ev}
 
 
-def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: bool = False, log=None) -> dict:
-    """Every job of `jobs` in order (or only the primary test's), each model's base evaluation before its first
+def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: bool = False,
+              only: Callable[[tuple[str, int, str]], bool] | None = None, log=None) -> dict:
+    """Every job of `jobs` in order (or only the primary test's; with `only`, the jobs it keeps and always each
+    model's VL job at the first seed, which chooses its rate and is cached), each model's base evaluation before its first
     job, one model in memory at a time (`low_memory` for the models of p['low_memory_models'], whose random control
     is made in place: `random_control_low`). Evaluations use item seed 0 for every training seed, so all are paired
     on the same items. Under lr_rule 'precondition-chosen' a model's first VL job walks the rate grid
@@ -312,8 +314,8 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
 
     rule, randoms = p.get("lr_rule", "frozen"), list(p["models"]) if p["random_scales"] else []
     todo = jobs(p["models"], p["seeds"], p["kinds"], randoms)
-    if primary_only:
-        todo = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
+    first = [j for j in todo if j[1] == p["seeds"][0] and j[2] == "vl"]
+    todo = first if primary_only else [j for j in todo if j in first or only is None or only(j)]
     prompts = load_prompts(p["n_prompts"], seed=0)
     out: dict = {"base": {}, "evals": {}, "random": {}, "params": {}, "seconds": {}, "qk_norm": {}, "walks": {}}
     lm = base = None

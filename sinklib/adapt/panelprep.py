@@ -1,4 +1,5 @@
-"""Fill chapter 11's cache job by job: ``python -m sinklib.adapt.panelprep --profile full [--primary-only]``.
+"""Fill chapter 11's cache job by job: ``python -m sinklib.adapt.panelprep --profile full [--primary-only |
+--all-jobs] [--models ...] [--seeds ...] [--kinds ...]``.
 
 The four-model panel takes about 7 hours for its primary test and about 23 for everything on the 2-core machine
 (DEVELOPING.md), longer than a working session. This command runs `fourpanel.run_panel` with the chapter's own
@@ -25,21 +26,36 @@ def chapter_params(profile: str = "full", root: Path | None = None) -> dict:
     return notebook_params(CHAPTER, profile, CHAPTER11_PARAMS, root)
 
 
-def subset(p: dict, *, models: list[str] | None = None, seeds: list[int] | None = None) -> dict:
-    """The chapter's parameters with only `models` and `seeds` (None: all), in the chapter's order; a name or seed
-    the chapter does not have is a clear error (a job outside the chapter's design would fill the cache for
-    nothing)."""
+def subset(p: dict, *, models: list[str] | None = None) -> dict:
+    """The chapter's parameters with only `models` (None: all), in the chapter's order; a name the chapter does
+    not have is a clear error (a job outside the chapter's design would fill the cache for nothing)."""
+    out = dict(p)
+    if models is not None:
+        _check("models", models, p["models"])
+        out["models"] = [x for x in p["models"] if x in models]
+    return out
+
+
+def job_filter(p: dict, *, seeds: list[int] | None = None, kinds: list[str] | None = None):
+    """Which of the chapter's jobs (model, seed, kind) to run: those at `seeds` and of `kinds` (None: all; a kind
+    is 'vl', 'text_only' or 'random'); None when both are None. The seeds and kinds are checked against the
+    chapter's. It filters jobs, not the chapter's parameters, so each model's VL job at the chapter's first seed
+    (its rate walk, cached once run) still comes first, and the random control stays at the first seed."""
+    if seeds is None and kinds is None:
+        return None
+    if seeds is not None:
+        _check("seeds", seeds, p["seeds"])
+    if kinds is not None:
+        _check("kinds", kinds, [*p["kinds"], *(["random"] if p.get("random_scales") else [])])
+    return lambda job: (seeds is None or job[1] in seeds) and (kinds is None or job[2] in kinds)
+
+
+def _check(key: str, want: list, have: list) -> None:
     from sinklib.errors import ParameterError
 
-    out = dict(p)
-    for key, want in (("models", models), ("seeds", seeds)):
-        if want is None:
-            continue
-        bad = [w for w in want if w not in p[key]]
-        if bad:
-            raise ParameterError(f"panelprep: --{key} {bad} is not among chapter 11's {key} {p[key]}")
-        out[key] = [x for x in p[key] if x in want]
-    return out
+    bad = [w for w in want if w not in have]
+    if bad:
+        raise ParameterError(f"panelprep: --{key} {bad} is not among chapter 11's {key} {have}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,25 +64,37 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description="fill chapter 11's cache job by job (the primary test's jobs first)")
     ap.add_argument("--profile", default="full")
-    ap.add_argument("--primary-only", action="store_true", help="only base and VL at the first seed of each model")
+    look = ap.add_mutually_exclusive_group()
+    look.add_argument("--primary-only", action="store_true", help="only base and VL at the first seed of each model")
+    look.add_argument("--all-jobs", action="store_true", help="the controls and every seed too, although the "
+                      "profile says primary_only (the confirmatory look's jobs, run before the chapter's profile "
+                      "changes)")
     ap.add_argument("--models", nargs="+", help="only these of the chapter's models (to fit a job into what is left "
                     "of a session: the 1.5B model's VL job alone takes about 2.5-3 h)")
-    ap.add_argument("--seeds", nargs="+", type=int, help="only these of the chapter's training seeds")
+    ap.add_argument("--seeds", nargs="+", type=int, help="only the jobs at these of the chapter's training seeds "
+                    "(each model's VL job at the first seed, its rate walk, runs first in any case: cached once run)")
+    ap.add_argument("--kinds", nargs="+", help="only the jobs of these kinds: vl, text_only, random")
     ap.add_argument("--lr-rule", choices=fourpanel.LR_RULES, help="another design's rates (for example "
                     "'common-rate', the sensitivity analysis); default: the chapter's lr_rule")
     args = ap.parse_args(argv)
     from sinklib.book.carry import import_committed
 
     import_committed()   # what earlier machines finished (the checkout's carried/)
-    p = subset(chapter_params(args.profile), models=args.models, seeds=args.seeds)
+    from sinklib.errors import ParameterError
+
+    try:
+        p = subset(chapter_params(args.profile), models=args.models)
+        only = job_filter(p, seeds=args.seeds, kinds=args.kinds)
+    except ParameterError as e:
+        ap.error(str(e))  # the usage and the message, no traceback
     if args.lr_rule:
         p["lr_rule"] = args.lr_rule
     recipe = fourpanel.recipe_of(load_results("10_calibration"), p["lr_lm"], p["stage2_steps"])
     print(f"chapter 11 ({args.profile}, {p['lr_rule']}): models {', '.join(p['models'])}, seeds {p['seeds']}, "
           f"recipe {recipe}",
           flush=True)
-    fourpanel.run_panel(p, recipe, primary_only=args.primary_only or p["primary_only"],
-                        log=lambda m: print(m, flush=True))
+    primary = args.primary_only or (p["primary_only"] and not args.all_jobs)
+    fourpanel.run_panel(p, recipe, primary_only=primary, only=only, log=lambda m: print(m, flush=True))
     return 0
 
 
