@@ -1,0 +1,116 @@
+"""Chapter 11's pairs for the chapters downstream (sinklib.adapt.panelpairs): which pairs lost strict instruction
+format, their parameters at each seed, and a pair loaded with chapter 11's own base and VL evaluations."""
+import pytest
+import torch
+
+from sinklib import vl
+from sinklib.adapt import fourpanel, pairs, panelpairs
+from sinklib.core.models import tiny_model
+from sinklib.errors import ParameterError
+from tests.test_fourpanel import RECIPE
+from tests.test_vl import TOK
+
+
+def _doc(interim=True, pairs_=None):
+    rows = pairs_ or [
+        {"model": "a", "precondition": True, "VL: instructions strict": [-5.0, -9.2, -0.8]},   # lost
+        {"model": "b", "precondition": True, "VL: instructions strict": [-2.0, -6.0, +1.0]},   # inside the noise
+        {"model": "c", "precondition": False, "VL: instructions strict": [-30.0, -35.0, -25.0]},  # not tested
+        {"model": "d", "precondition": True, "VL: instructions strict": [-4.0, -7.8, -0.3]}]   # lost
+    params = {"models": ["a", "b", "c", "d"], "seeds": [0, 1], "image_size": 48, "stage1_steps": 2, "batch_size": 2,
+              "lr_projector": 0.01, "schedule": "constant", "low_memory_models": ["d"], "n_prompts": 2,
+              "last_k_layers": 2, "max_tokens": 16, "vqa_n": 3, "eval_batch_size": 8, "eval_instructions": 0,
+              "eval_math": 0, "eval_knowledge": 2, "eval_perplexity": 0}
+    return {"parameters": params, "results": {"pairs": rows, "interim": interim, "recipe": RECIPE,
+                                              "rates": {"a": 2e-3, "b": 4e-4, "d": 4e-4, "tiny-llama": 4e-4}}}
+
+
+def test_the_pairs_that_lost_format_by_one_rule():
+    assert panelpairs.lost_format(_doc()) == ["a", "d"]  # a failed precondition is not a loss to recover
+    assert panelpairs.choose(_doc(), "lost") == ["a", "d"]
+    assert panelpairs.choose(_doc(), "lost", exclude=["d"]) == ["a"]
+    assert panelpairs.choose(_doc(), ["d", "b"]) == ["b", "d"]  # the chapter's order
+    with pytest.raises(ParameterError, match=r"names \['e'\], which chapter 11 did not run"):
+        panelpairs.choose(_doc(), ["e"])
+    with pytest.raises(ParameterError, match="allowed: 'lost'"):
+        panelpairs.choose(_doc(), "all")
+    none = _doc(pairs_=[{"model": "a", "precondition": True, "VL: instructions strict": None}])
+    assert panelpairs.lost_format(none) == []  # not evaluated: nothing lost
+
+
+def test_seeds_conditions_and_parameters_follow_chapter_11():
+    assert panelpairs.seeds_run(_doc()) == [0] and panelpairs.seeds_run(_doc(interim=False)) == [0, 1]
+    assert panelpairs.condition("merge:star", 0, _doc()) == "merge:star"
+    assert panelpairs.condition("merge:star", 1, _doc()) == "merge:star seed 1"  # as `pooling.pooled` pairs them
+    p = panelpairs.params_of(_doc(), "b", 1, "w")
+    assert p == fourpanel.panel_params("b", "w", RECIPE, 1, image_size=48, stage1_steps=2, batch_size=2,
+                                       lr_projector=0.01, schedule="constant", lr=4e-4)
+    with pytest.raises(ParameterError, match="no rate for 'c'"):
+        panelpairs.params_of(_doc(), "c", 0, "w")
+    assert panelpairs.low_memory(_doc(), "d") and not panelpairs.low_memory(_doc(), "a")
+
+
+def test_a_loaded_pair_is_chapter_11s_and_its_base_and_vl_evaluations_are_chapter_11s(tmp_path, monkeypatch):
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    base_sd = vl.clone_state_dict(lm.model)
+    doc = _doc()
+    calls = []
+
+    def fake(lm_, pair, cond, **kw):
+        calls.append((cond, pair.params["lr_lm"], kw.get("key_extra"), float(pair.states[cond]["model.norm.weight"]
+                                                                                .sum())))
+        return {"cond": cond}
+
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    pair = panelpairs.load(lm, doc, 0)
+    assert pair.params == panelpairs.params_of(doc, "tiny-llama", 0, lm.weights_sha256) and pair.projector is not None
+    assert all(torch.equal(pair.states["base"][k], v) for k, v in base_sd.items())
+    k = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(pair.states["vl"][k], base_sd[k])  # the VL snapshot chapter 11 trains (LoRA merged in)
+    pair.states["half"] = {n: (pair.states["base"][n] + pair.states["vl"][n]) / 2 for n in base_sd}
+    got = [panelpairs.evaluate(lm, pair, doc, c, key_extra={"x": 1} if c == "half" else None)
+           for c in ("base", "vl", "half")]
+    assert got == [{"cond": "base"}, {"cond": "vl step 2"}, {"cond": "half"}]  # chapter 11's condition names
+    assert [c[:3] for c in calls] == [("base", RECIPE["lr_lm"], None), ("vl step 2", 4e-4, None),
+                                      ("half", 4e-4, {"x": 1})]  # the base keyed at the frozen rate, as chapter 11
+    assert all(torch.equal(lm.model.state_dict()[n], v) for n, v in base_sd.items())
+
+
+def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_over_seeds(tmp_path, monkeypatch):
+    """`controls.panelmerge.run` on a tiny pair at two seeds: each merge made from the pair's own base and VL
+    states, evaluated under its method's key (the base once), the outcomes named per seed as the pooled changes
+    read them; `verdicts` judges each merge on the strict instruction rate pooled over both seeds."""
+    import sinklib.core.models
+    from sinklib.controls import merge, panelmerge
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    monkeypatch.setattr(sinklib.core.models, "load_model", lambda name, device: lm)
+    doc = _doc(interim=False)
+    seen = []
+
+    def fake(lm_, pair, cond, **kw):
+        st = pair.states[cond]
+        if cond.startswith("merge:"):
+            m = cond[len("merge:"):]
+            want = merge.merge(pair.states["base"], pair.states["vl"], m, seed=0)
+            assert kw["key_extra"] == merge.evaluation_extra(m) and all(torch.equal(st[k], want[k]) for k in want)
+        seen.append((cond, pair.params["seed"]))
+        k = {"base": 30, "vl step 2": 20, "merge:uniform": 25, "merge:star": 18}[cond]  # items passed of 40
+        return {"outcomes": {"instructions strict": [i < k for i in range(40)]}, "vqa": [0.9, 3], "S": 0.1,
+                "scores": [{"suite": "instructions", "metric": "strict", "score": 100 * k / 40}]}
+
+    monkeypatch.setattr(pairs, "evaluate_condition", fake)
+    out = panelmerge.run(doc, ["tiny-llama"], ["uniform", "star"])
+    assert seen == [("base", 0), ("vl step 2", 0), ("merge:uniform", 0), ("merge:star", 0),
+                    ("vl step 2", 1), ("merge:uniform", 1), ("merge:star", 1)]
+    assert list(out["outcomes"]["tiny-llama"]) == ["base", "vl", "merge:uniform", "merge:star", "vl seed 1",
+                                                   "merge:uniform seed 1", "merge:star seed 1"]
+    assert {r["seed"] for r in out["rows"]} == {0, 1} and len(out["seconds"]) == 4
+    v = panelmerge.verdicts({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], ["uniform", "star"])
+    assert list(v.seeds) == [2, 2] and v["VL minus base (pt)"][0].v == -25.0
+    assert v["merge minus VL (pt)"][0].v == 12.5 and v["merge minus VL (pt)"][1].v == -5.0
+    assert list(v.outcome) == ["reproduced", "reproduced"]  # below the base outside the noise: no recovery
