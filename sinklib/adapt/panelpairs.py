@@ -52,6 +52,28 @@ def choose(doc11: Mapping[str, Any], want: str | Sequence[str], exclude: Sequenc
     return [m for m in names if m not in exclude]
 
 
+def chosen_sentence(doc11: Mapping[str, Any], want: str | Sequence[str], exclude: Sequence[str] = ()) -> str:
+    """Which of chapter 11's pairs `choose` picks, in words, each with its pooled VL change of the strict
+    instruction pass rate and its number of seeds, and those `exclude` leaves out."""
+    from sinklib.core.numbers import interval
+
+    rows = {r["model"]: r for r in doc11["results"]["pairs"]}
+
+    def said(m: str) -> str:
+        c = rows.get(m, {}).get(LOSS_KEY)
+        return m if c is None else f"{m} ({interval(*c)} points over {rows[m].get('seeds', 1)} seed(s))"
+
+    picked = choose(doc11, want)
+    rule = "the pairs whose strict instruction format fell outside the noise" if isinstance(want, str) else \
+        "the pairs named by `panel_models`"
+    run = [m for m in picked if m not in exclude]
+    out = f"{rule}: {'; '.join(said(m) for m in picked) if picked else 'none'}"
+    left = [m for m in picked if m in exclude]
+    if left:
+        out += f"; left out here by `panel_exclude`: {', '.join(left)}"
+    return out + ("" if run else "; so this run acts on no pair")
+
+
 def seeds_run(doc11: Mapping[str, Any]) -> list[int]:
     """The training seeds whose VL models chapter 11 evaluated: the first only in its interim look
     (`primary_only`), else all of them."""
