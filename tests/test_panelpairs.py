@@ -43,6 +43,14 @@ def test_the_pairs_that_lost_format_by_one_rule():
     assert panelpairs.lost_format(none) == []  # not evaluated: nothing lost
 
 
+def test_the_parameter_naming_the_pairs_is_checked():
+    assert panelpairs.check_panel_models("panel_models", "lost") == "lost"
+    assert panelpairs.check_panel_models("panel_models", ["a"]) == ["a"]
+    for bad in ("all", [], [3]):
+        with pytest.raises(ParameterError, match="panel_models"):
+            panelpairs.check_panel_models("panel_models", bad)
+
+
 def test_seeds_conditions_and_parameters_follow_chapter_11():
     assert panelpairs.seeds_run(_doc()) == [0] and panelpairs.seeds_run(_doc(interim=False)) == [0, 1]
     assert panelpairs.condition("merge:star", 0, _doc()) == "merge:star"

@@ -22,6 +22,19 @@ LOST = "lost"
 LOSS_KEY = f"VL: {PRIMARY}"
 
 
+def check_panel_models(name: str, value: Any) -> str | list[str]:
+    """A chapter parameter naming chapter 11's pairs: 'lost' (`lost_format`) or a non-empty list of model names
+    (checked against chapter 11's models when its results are read, `choose`)."""
+    from sinklib.core.params import check_list, check_str
+
+    if isinstance(value, str):
+        if value != LOST:
+            raise ParameterError(f"parameter '{name}' got {value!r}; allowed: {LOST!r} (chapter 11's pairs that lost "
+                                 "strict instruction format) or a list of chapter 11's model names")
+        return value
+    return check_list(name, value, check_str)
+
+
 def lost_format(doc11: Mapping[str, Any]) -> list[str]:
     """The models of chapter 11's pairs whose precondition held (the task learned, knowledge kept) and whose VL
     change of the strict instruction pass rate, pooled over the seeds it ran, lies below zero outside its paired
