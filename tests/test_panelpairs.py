@@ -17,7 +17,7 @@ def _doc(interim=True, pairs_=None):
         {"model": "b", "precondition": True, "VL: instructions strict": [-2.0, -6.0, +1.0]},   # inside the noise
         {"model": "c", "precondition": False, "VL: instructions strict": [-30.0, -35.0, -25.0]},  # not tested
         {"model": "d", "precondition": True, "VL: instructions strict": [-4.0, -7.8, -0.3]}]   # lost
-    params = {"models": ["a", "b", "c", "d"], "seeds": [0, 1], "image_size": 48, "stage1_steps": 2, "batch_size": 2,
+    params = {"models": ["a", "b", "c", "d", "tiny-llama"], "seeds": [0, 1], "image_size": 48, "stage1_steps": 2, "batch_size": 2,
               "lr_projector": 0.01, "schedule": "constant", "low_memory_models": ["d"], "n_prompts": 2,
               "last_k_layers": 2, "max_tokens": 16, "vqa_n": 3, "eval_batch_size": 8, "eval_instructions": 0,
               "eval_math": 0, "eval_knowledge": 2, "eval_perplexity": 0}
@@ -59,7 +59,11 @@ def test_seeds_conditions_and_parameters_follow_chapter_11():
     assert p == fourpanel.panel_params("b", "w", RECIPE, 1, image_size=48, stage1_steps=2, batch_size=2,
                                        lr_projector=0.01, schedule="constant", lr=4e-4)
     with pytest.raises(ParameterError, match="no rate for 'c'"):
-        panelpairs.params_of(_doc(), "c", 0, "w")
+        panelpairs.params_of({**_doc(), "results": {**_doc()["results"], "lr_rule": "precondition-chosen"}}, "c", 0, "w")
+    with pytest.raises(ParameterError, match="no rate for 'e'"):
+        panelpairs.params_of(_doc(), "e", 0, "w")
+    frozen = {**_doc(), "results": {**_doc()["results"], "lr_rule": "frozen", "rates": {}}}  # chapter 11's quick profile
+    assert panelpairs.params_of(frozen, "c", 0, "w")["lr_lm"] == RECIPE["lr_lm"]
     assert panelpairs.low_memory(_doc(), "d") and not panelpairs.low_memory(_doc(), "a")
 
 

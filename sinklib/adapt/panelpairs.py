@@ -102,16 +102,18 @@ def condition(kind: str, seed: int, doc11: Mapping[str, Any]) -> str:
 
 def params_of(doc11: Mapping[str, Any], name: str, seed: int, weights: str) -> dict:
     """The pair parameters of chapter 11's model `name` at training `seed`: its frozen recipe at the rate chapter
-    11 chose for the model (`results.rates`); `weights` is the loaded model's weights hash."""
+    11 chose for the model (`results.rates`, under the rate walk) or its rule's rate (`fourpanel.model_rate`, under
+    any other `lr_rule`); `weights` is the loaded model's weights hash."""
     from sinklib.adapt.fourpanel import panel_params
 
     p, res = doc11["parameters"], doc11["results"]
-    if name not in res.get("rates", {}):
-        raise ParameterError(f"chapter 11's results hold no rate for {name!r} (no rate of its grid passed, or it did "
-                             f"not run): its pairs are {sorted(res.get('rates', {}))}")
+    rule = res.get("lr_rule", "frozen")
+    if name not in p["models"] or (rule == "precondition-chosen" and res.get("rates", {}).get(name) is None):
+        raise ParameterError(f"chapter 11's results hold no rate for {name!r} (it did not run, or no rate of its grid "
+                             f"passed); its rates: {res.get('rates', {})}")
     return panel_params(name, weights, res["recipe"], seed, image_size=p["image_size"],
                         stage1_steps=p["stage1_steps"], batch_size=p["batch_size"], lr_projector=p["lr_projector"],
-                        schedule=p["schedule"], lr=res["rates"][name])
+                        schedule=p["schedule"], lr_rule=rule, lr=res.get("rates", {}).get(name))
 
 
 def low_memory(doc11: Mapping[str, Any], name: str) -> bool:
