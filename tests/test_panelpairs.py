@@ -140,3 +140,50 @@ def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_
     shown = panelmerge.verdict_table(v)
     assert list(shown.frame.columns) == ["merge - VL (pt)", "merge - base (pt)", "VQA kept (%)", "verdict: no recovery"]
     assert panelmerge.sentence(v.iloc[:0]) == "no pair of chapter 11 was merged"
+
+
+def test_chapter_8s_repair_on_a_panel_pair_pools_each_restore_over_the_seeds(tmp_path, monkeypatch):
+    """`causal.panelrepair.run` on a tiny pair at two seeds: the repair's evaluations (faked: a pass count per
+    state) named per seed; `pooled_changes` gives rows in `repair_changes`'s layout that the shared rule reads."""
+    import numpy as np
+
+    import sinklib.core.models
+    from sinklib.causal import panelrepair, repair
+    from sinklib.causal import suites as causal
+    from sinklib.core import sink
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    monkeypatch.setattr(sinklib.core.models, "load_model", lambda name, device: lm)
+    L, H = 4, 4
+    monkeypatch.setattr(sink, "sink_strength", lambda model, prompts, **kw: type("R", (), {
+        "mass": np.linspace(0, 1, L * H).reshape(L, H), "S": 0.5})())
+    base = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    vl_seen = []
+
+    def fake(lm_, heads, *, eval_n, seed, eval_batch_size, tag="", **kw):
+        assert eval_n == {"instructions": 0, "math": 0, "knowledge": 2, "perplexity": 0}  # chapter 11's suites
+        k = "model.layers.0.self_attn.q_proj.weight"
+        w = lm_.model.state_dict()[k]
+        if torch.equal(w, base[k]):
+            passes = 30 if not tag else 36         # the base; a restore that put layer 0's W_Q back
+        else:
+            vl_seen.append(tag)
+            passes = 20                            # VL and the restores that left layer 0 as adapted
+        return {"outcomes": {"instructions strict": [i < passes for i in range(40)]}}
+
+    monkeypatch.setattr(causal, "evaluate", fake)
+    doc = _doc(interim=False)
+    out = panelrepair.run(doc, ["tiny-llama"], [0.25], mass_of=lambda lm_: np.zeros((L, H)), prompts=["a"],
+                          last_k_layers=2, max_tokens=8)
+    names = list(out["outcomes"]["tiny-llama"])
+    assert names[:2] == ["base", "vl"] and "sink heads @ 0.25 seed 1" in names and "vl seed 1" in names
+    assert len(names) == 1 + 2 * 4 and out["k"] == {"tiny-llama": {0.25: 2}}
+    assert {r["seed"] for r in out["described"]} == {0, 1}
+    rows = panelrepair.pooled_changes({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], [0.25], out["k"],
+                                      metrics=["instructions strict"])
+    assert list(rows.control) == list(repair.REPAIR_CONTROLS) and set(rows.seeds) == {2}
+    assert rows.loss.iloc[0] == -25.0 and rows.loss_hi.iloc[0] < 0      # VL lost 10 of 40 items at both seeds
+    assert repair.repair_outcome(rows.to_dict(orient="records"), ["instructions strict"])["lost"] == \
+        ["instructions strict"]

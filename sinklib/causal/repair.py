@@ -215,13 +215,28 @@ def repair_verdict(table, metrics: Sequence[str] = ("instructions strict", "math
 
 def run_repair(lm, pair, base_mass, prompts: Sequence[str], fractions: Sequence[float], *, last_k_layers: int,
                max_tokens: int, eval_n: Mapping[str, int], seed: int = 0, eval_batch_size: int = 8):
-    """Chapter 8's head-wise repair of one model's VL condition (`pair`: `sinklib.adapt.pairs.Pair` of `lm`): the VL
-    model's sink-mass map on `prompts` (last K layers), then for each fraction of those layers' heads the three
-    `repair_plans`, each evaluated (`evaluate_state`, cached) and compared with the VL model and the base
-    (`repair_changes`). -> (DataFrame of `repair_changes` rows with model, fraction, k; rows describing each
-    repaired state: control, k, restored norm, its share of ||VL - base||, layers, heads)."""
+    """Chapter 8's head-wise repair of one model's VL condition (`pair`: `sinklib.adapt.pairs.Pair` of `lm`): the
+    evaluations of `repair_evaluations` compared with the VL model and the base (`repair_changes`). -> (DataFrame
+    of `repair_changes` rows with model, fraction, k; rows describing each repaired state: control, k, restored
+    norm, its share of ||VL - base||, layers, heads)."""
     import pandas as pd
 
+    base_ev, vl_ev, per_fraction = repair_evaluations(lm, pair, base_mass, prompts, fractions,
+                                                      last_k_layers=last_k_layers, max_tokens=max_tokens,
+                                                      eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
+    tables = [repair_changes(base_ev, vl_ev, evs, seed=seed).assign(model=lm.name, fraction=f, k=k)
+              for f, k, evs, _ in per_fraction]
+    return pd.concat(tables, ignore_index=True), [d for f, k, _, plans in per_fraction
+                                                  for d in described(lm.name, f, k, plans)]
+
+
+def repair_evaluations(lm, pair, base_mass, prompts: Sequence[str], fractions: Sequence[float], *,
+                       last_k_layers: int, max_tokens: int, eval_n: Mapping[str, int], seed: int = 0,
+                       eval_batch_size: int = 8) -> tuple[dict, dict, list]:
+    """The evaluations of one model's repair: the VL model's sink-mass map on `prompts` (last K layers), then for
+    each fraction of those layers' heads the three `repair_plans`, each evaluated (`evaluate_state`, cached), beside
+    the base and the VL model on the same items. -> (base evaluation, VL evaluation, [(fraction, k, {control:
+    evaluation}, plans)])."""
     from sinklib.core import anatomy, sink
     from sinklib.causal import suites as causal
 
@@ -237,16 +252,20 @@ def run_repair(lm, pair, base_mass, prompts: Sequence[str], fractions: Sequence[
     ev = dict(eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
     base_ev = causal.evaluate(lm, None, **ev)
     vl_ev = evaluate_state(lm, pair.states["vl"], {**tag, "control": "vl"}, **ev)
-    tables, described = [], []
+    out = []
     for f in fractions:
         k = max(1, round(f * K * vl_mass.shape[1]))
         plans = repair_plans(pair.states["vl"], pair.states["base"], base_mass, vl_mass, layers, k, seed=seed,
                              **attention_shape(lm.model))
         evs = {p["control"]: evaluate_state(lm, p["state"], {**tag, "control": p["control"], "k": k,
                                                             "heads": p["heads"], "seed": seed}, **ev) for p in plans}
-        tables.append(repair_changes(base_ev, vl_ev, evs, seed=seed).assign(model=lm.name, fraction=f, k=k))
-        described += [{"model": lm.name, "fraction": f, "k": k, "control": p["control"],
-                       "restored norm": round(p["restored_norm"], 3), "share of ||VL - base||": round(p["share"], 4),
-                       "layers": len(p["heads"]), "heads": {str(l): hs for l, hs in p["heads"].items()}}
-                      for p in plans]
-    return pd.concat(tables, ignore_index=True), described
+        out.append((f, k, evs, [{q: v for q, v in p.items() if q != "state"} for p in plans]))
+    return base_ev, vl_ev, out
+
+
+def described(name: str, fraction: float, k: int, plans: Sequence[Mapping]) -> list[dict]:
+    """Rows describing each repaired state of `repair_plans`: control, k, restored norm, its share of
+    ||VL - base||, how many layers, which heads."""
+    return [{"model": name, "fraction": fraction, "k": k, "control": p["control"],
+             "restored norm": round(p["restored_norm"], 3), "share of ||VL - base||": round(p["share"], 4),
+             "layers": len(p["heads"]), "heads": {str(l): hs for l, hs in p["heads"].items()}} for p in plans]

@@ -1,0 +1,85 @@
+"""Chapter 8's head-wise repair on chapter 11's pairs that lost strict instruction format
+(`sinklib.adapt.panelpairs`).
+
+Chapter 4's VL models lost no strict format outside the noise, so the repair of section 8.5 had nothing to
+recover. Here the same repair (`repair.repair_evaluations`: the sink heads' W_Q/W_K restored, beside as many
+random heads and the same norm restored in other rows) runs on each chosen pair of chapter 11 at every training
+seed chapter 11 ran, on chapter 11's suites and sizes, and every change is pooled over the seeds
+(`evals.pooling.pooled`) into rows of `repair.repair_changes`'s layout, so that `repair.repair_outcome`,
+`repair.repair_verdict` and claim 9b read them as they read section 8.5's.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from sinklib.causal.repair import REPAIR_CONTROLS
+
+#: the metrics of the pooled rows: the strict and lenient instruction and math rates, knowledge, as section 8.5's
+METRICS = ("instructions strict", "instructions lenient", "math strict", "math lenient", "knowledge acc")
+
+
+def condition(control: str, fraction: float) -> str:
+    """The outcome record's name of one repaired state: 'sink heads @ 0.25'."""
+    return f"{control} @ {fraction:g}"
+
+
+def run(doc11: Mapping[str, Any], names: Sequence[str], fractions: Sequence[float], *,
+        mass_of: Callable[[Any], Any], prompts: Sequence[str], last_k_layers: int, max_tokens: int, seed: int = 0,
+        eval_batch_size: int = 8, device: str = "auto") -> dict:
+    """The repair of each pair of `names` at each seed chapter 11 ran (`mass_of(lm)`: the base model's sink-mass map
+    on `prompts`, which ranks the heads), evaluated on chapter 11's suites (cached). -> {'outcomes': {model:
+    {'base' | 'vl' | 'vl seed 1' | 'sink heads @ 0.25' | 'sink heads @ 0.25 seed 1' | ...: packed outcomes}},
+    'described': rows of `repair.described` with 'seed', 'k': {model: {fraction: k}}}."""
+    from sinklib.adapt import panelpairs
+    from sinklib.causal.repair import described, repair_evaluations
+    from sinklib.core.models import load_model
+    from sinklib.evals import counts
+    from sinklib.evals.paired import pack
+
+    eval_n = counts(doc11["parameters"])
+    outcomes, rows, ks = {}, [], {}
+    for name in names:
+        lm = load_model(name, device=device)
+        mass = mass_of(lm)
+        out = outcomes.setdefault(name, {})
+        for s in panelpairs.seeds_run(doc11):
+            pair = panelpairs.load(lm, doc11, s)
+            base_ev, vl_ev, per = repair_evaluations(lm, pair, mass, prompts, fractions, last_k_layers=last_k_layers,
+                                                     max_tokens=max_tokens, eval_n=eval_n, seed=seed,
+                                                     eval_batch_size=eval_batch_size)
+            out.setdefault("base", pack(base_ev["outcomes"]))
+            out[panelpairs.condition("vl", s, doc11)] = pack(vl_ev["outcomes"])
+            for f, k, evs, plans in per:
+                ks.setdefault(name, {})[f] = k
+                for control, ev in evs.items():
+                    out[panelpairs.condition(condition(control, f), s, doc11)] = pack(ev["outcomes"])
+                rows += [{**r, "seed": s} for r in described(name, f, k, plans)]
+            del pair
+        del lm
+    return {"outcomes": outcomes, "described": rows, "k": ks}
+
+
+def pooled_changes(doc: Mapping[str, Any], names: Sequence[str], fractions: Sequence[float],
+                   k: Mapping[str, Mapping[float, int]], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+    """Rows in `repair.repair_changes`'s layout (control, metric, loss, loss_lo, loss_hi, change, lo, hi; p is
+    NaN: no exact test of a pooled change) with model, fraction, k and seeds: the loss (VL minus base) and each
+    restore's change from VL, pooled over the seeds of `doc` (results.outcomes as `run` returns them)."""
+    from sinklib.evals.pooling import pooled
+
+    rows = []
+    for name in names:
+        for f in fractions:
+            for control in REPAIR_CONTROLS:
+                c = condition(control, f)
+                if c not in doc["results"]["outcomes"].get(name, {}):
+                    continue
+                for m in metrics:
+                    loss, n = pooled(doc, name, "vl", "base", [m])
+                    ch = pooled(doc, name, c, "vl", [m])[0]
+                    rows.append({"model": name, "fraction": f, "k": k[name][f], "seeds": n, "control": control,
+                                 "metric": m, "loss": loss.v, "loss_lo": loss.lo, "loss_hi": loss.hi,
+                                 "change": ch.v, "lo": ch.lo, "hi": ch.hi, "p": float("nan")})
+    return pd.DataFrame(rows)
