@@ -246,6 +246,20 @@ def ch8_repair(loss_hi, sink_lo, random_lo=-5.0, other_lo=-5.0, sink_hi=10.0):
     return _doc({"repair": rows}, models=(A,))
 
 
+def ch8_panel_repair(sink_lo):
+    """chapter 8 with its repair of chapter 11's pair 'p': chapter 4's pair lost nothing (not tested); 'p' lost
+    strict instructions at both seeds, and restoring its sink heads moves it by [sink_lo, sink_lo + 10]."""
+    doc = ch8_repair(2.0, 1.0)
+    rows = []
+    for c, lo in (("sink heads", sink_lo), ("random heads", -5.0), ("other rows", -5.0)):
+        for mt in ("instructions strict", "math strict"):
+            rows.append({"model": "p", "fraction": 0.25, "k": 9, "seeds": 2, "control": c, "metric": mt, "base": 40.0,
+                         "loss": -10.0, "loss_lo": -15.0, "loss_hi": -5.0, "change": lo + 5, "lo": lo, "hi": lo + 10,
+                         "p": float("nan")})
+    doc["results"]["panel_repair"] = {"rows": rows, "sizes": {"instructions": 360, "math": 300}}
+    return doc
+
+
 C1, C2, C3, C4, C5, C6 = ("01_sink_definition", "02_sink_strength", "03_perturbation_bound", "04_vl_adaptation",
                           "05_panel_correlations", "06_negative_controls")
 C7, C8, C9, C11 = "07_controlled_panel", "08_causal_tests", "09_sink_panel", "11_four_panel"
@@ -340,6 +354,8 @@ CASES = [
     ("9b", {C8: ch8_repair(-2.0, -3.0, sink_hi=-1.0)}, CONTRADICTED),         # the restore makes it worse
     ("9b", {C8: ch8_repair(-2.0, -3.0)}, INCONCLUSIVE),
     ("9b", {C8: ch8_repair(-2.0, 1.0, other_lo=1.0)}, INCONCLUSIVE),           # not specific
+    ("9b", {C8: ch8_panel_repair(1.0)}, REPRODUCED),     # chapter 11's pair: its sink heads give the loss back
+    ("9b", {C8: ch8_panel_repair(-5.0)}, INCONCLUSIVE),  # ... or nothing moves
 ]
 
 
@@ -537,6 +553,13 @@ def test_s_margin_row_checks_every_pair_of_models(monkeypatch):
     _fake(monkeypatch, {C2: _doc({"S": S, "robustness": steady, "sensitivity": [], "timing": []}, models=models)})
     row = claims.evaluate(BY_ID["3"]).row
     assert "36 of 36" in row.ours[0] and row.verdict in (REPRODUCED, INCONCLUSIVE)
+
+
+def test_row_9b_names_chapter_11s_pairs_and_their_suites(monkeypatch):
+    _fake(monkeypatch, {C8: ch8_panel_repair(1.0)})
+    row = claims.evaluate(BY_ID["9b"]).row
+    assert len(row.ours) == 2 and row.ours[1].startswith("p (chapter 11's LoRA pair): instructions strict VL minus base")
+    assert "(chapter 11's 360 + 300-item strict suites, pooled over 2 seed(s); smallest fall" in row.ours[1]
 
 
 def test_merge_verdict_says_when_a_merge_cannot_be_decided():

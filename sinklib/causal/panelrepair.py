@@ -64,13 +64,16 @@ def run(doc11: Mapping[str, Any], names: Sequence[str], fractions: Sequence[floa
 
 def pooled_changes(doc: Mapping[str, Any], names: Sequence[str], fractions: Sequence[float],
                    k: Mapping[str, Mapping[float, int]], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
-    """Rows in `repair.repair_changes`'s layout (control, metric, loss, loss_lo, loss_hi, change, lo, hi; p is
-    NaN: no exact test of a pooled change) with model, fraction, k and seeds: the loss (VL minus base) and each
+    """Rows in `repair.repair_changes`'s layout (control, metric, base (the base model's pass rate, %), loss,
+    loss_lo, loss_hi, change, lo, hi; p is NaN: no exact test of a pooled change) with model, fraction, k and
+    seeds: the loss (VL minus base) and each
     restore's change from VL, pooled over the seeds of `doc` (results.outcomes as `run` returns them)."""
+    from sinklib.evals.paired import unpack
     from sinklib.evals.pooling import pooled
 
     rows = []
     for name in names:
+        base = unpack(doc["results"]["outcomes"][name]["base"])
         for f in fractions:
             for control in REPAIR_CONTROLS:
                 c = condition(control, f)
@@ -80,6 +83,6 @@ def pooled_changes(doc: Mapping[str, Any], names: Sequence[str], fractions: Sequ
                     loss, n = pooled(doc, name, "vl", "base", [m])
                     ch = pooled(doc, name, c, "vl", [m])[0]
                     rows.append({"model": name, "fraction": f, "k": k[name][f], "seeds": n, "control": control,
-                                 "metric": m, "loss": loss.v, "loss_lo": loss.lo, "loss_hi": loss.hi,
+                                 "metric": m, "base": 100.0 * sum(base[m]) / len(base[m]), "loss": loss.v, "loss_lo": loss.lo, "loss_hi": loss.hi,
                                  "change": ch.v, "lo": ch.lo, "hi": ch.hi, "p": float("nan")})
     return pd.DataFrame(rows)

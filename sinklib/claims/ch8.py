@@ -101,41 +101,53 @@ def _mass(doc: dict, model: str) -> str:
 @claim("9b", "Mechanism (causal test, ours): the VL loss flows through the sink heads' W_Q/W_K; restoring them "
        "brings strict formats back, random heads or other weights of the same norm do not", (), CH8)
 def repair(res):
-    from sinklib.causal.repair import repair_outcome
-
     doc = res(CH8)
     rows, p = doc["results"]["repair"], doc["parameters"]
     suites = f"chapter 8's {p.get('eval_instructions', '?')} + {p.get('eval_math', '?')}-item strict suites"
-    out = {}
-    for m in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == m]
-        f0 = mine[0]["fraction"]
-        t = [r for r in mine if r["fraction"] == f0 and r["metric"] in strict_metrics()]
-        o = repair_outcome(t, strict_metrics())
-        lost, back = o["lost"], o["back"]
-        by = {(r["control"], r["metric"]): r for r in t}
-        loss = "; ".join(f"{mt} VL minus base {est(Est(r['loss'], r['loss_lo'], r['loss_hi']))}"
-                         for mt in strict_metrics() for r in [by.get(("sink heads", mt))] if r)
-        moves = "; ".join(f"{c} {mt} {est(Est(r['change'], r['lo'], r['hi']))}"
-                          for (c, mt), r in by.items() if mt in lost)
-        pw = power_note({mt: (int(p[k]), r["base"]) for mt in strict_metrics() for r in [by.get(("sink heads", mt))]
-                         for k in [f"eval_{mt.split()[0]}"] if r and k in p})
-        ours = f"{loss} ({suites}{'; ' + pw if pw.endswith(')') else ''})" + (
-            f"; restored ({f0:.0%} of heads): {moves}" if moves else "")
-        worse = o["down"]["sink heads"]
-        good = back["sink heads"] and not (back["random heads"] or back["other rows"])
-        bad = worse or not back["sink heads"] and (back["random heads"] or back["other rows"])
-        ours += _ppl_repair(mine, f0)
-        v, w = decide(None, counts=(int(good), int(bad), 1), not_tested="" if lost else
-                      "precondition failed: the VL loss on the strict-format metrics is within noise (nothing to "
-                      "recover there)",
-                      quantity="restores (for: the sink heads' restore repairs and no control does; against: a "
-                               "control repairs, or the sink heads' restore makes it worse)")
-        if lost and not (good or bad):
-            w = ("the sink heads and a control both repair" if back["sink heads"] else
-                 "no restore moves a lost score outside noise")
-        out[m] = (ours, v, w)
+    sizes = {mt: int(p[k]) for mt in strict_metrics() for k in [f"eval_{mt.split()[0]}"] if k in p}
+    out = {m: _repair_row([r for r in rows if r["model"] == m], suites, sizes)
+           for m in dict.fromkeys(r["model"] for r in rows)}
+    panel = doc["results"].get("panel_repair") or {}
+    p11 = panel.get("sizes", {})
+    for m in dict.fromkeys(r["model"] for r in panel.get("rows", [])):
+        mine = [r for r in panel["rows"] if r["model"] == m]
+        out[f"{m} (chapter 11's LoRA pair)"] = _repair_row(
+            mine, f"chapter 11's {p11.get('instructions', '?')} + {p11.get('math', '?')}-item strict suites, pooled "
+                  f"over {mine[0].get('seeds', 1)} seed(s)",
+            {mt: int(p11[mt.split()[0]]) for mt in strict_metrics() if mt.split()[0] in p11})
     return per_model(out)
+
+
+def _repair_row(mine: list[dict], suites: str, sizes: dict[str, int]) -> tuple[str, str, str]:
+    """One pair's repair (rows of `repair_changes`'s layout, its first fraction) by claim 9b's rule -> (ours,
+    verdict, why); `sizes`: items per strict metric, for the power note."""
+    from sinklib.causal.repair import repair_outcome
+
+    f0 = mine[0]["fraction"]
+    t = [r for r in mine if r["fraction"] == f0 and r["metric"] in strict_metrics()]
+    o = repair_outcome(t, strict_metrics())
+    lost, back = o["lost"], o["back"]
+    by = {(r["control"], r["metric"]): r for r in t}
+    loss = "; ".join(f"{mt} VL minus base {est(Est(r['loss'], r['loss_lo'], r['loss_hi']))}"
+                     for mt in strict_metrics() for r in [by.get(("sink heads", mt))] if r)
+    moves = "; ".join(f"{c} {mt} {est(Est(r['change'], r['lo'], r['hi']))}" for (c, mt), r in by.items() if mt in lost)
+    pw = power_note({mt: (sizes[mt], r["base"]) for mt in strict_metrics() for r in [by.get(("sink heads", mt))]
+                     if r and mt in sizes})
+    ours = f"{loss} ({suites}{'; ' + pw if pw.endswith(')') else ''})" + (
+        f"; restored ({f0:.0%} of heads): {moves}" if moves else "")
+    worse = o["down"]["sink heads"]
+    good = back["sink heads"] and not (back["random heads"] or back["other rows"])
+    bad = worse or not back["sink heads"] and (back["random heads"] or back["other rows"])
+    ours += _ppl_repair(mine, f0)
+    v, w = decide(None, counts=(int(good), int(bad), 1), not_tested="" if lost else
+                  "precondition failed: the VL loss on the strict-format metrics is within noise (nothing to "
+                  "recover there)",
+                  quantity="restores (for: the sink heads' restore repairs and no control does; against: a "
+                           "control repairs, or the sink heads' restore makes it worse)")
+    if lost and not (good or bad):
+        w = ("the sink heads and a control both repair" if back["sink heads"] else
+             "no restore moves a lost score outside noise")
+    return ours, v, w
 
 
 def _ppl_repair(rows: list[dict], fraction: float) -> str:
