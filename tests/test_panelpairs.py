@@ -39,6 +39,11 @@ def test_the_pairs_that_lost_format_by_one_rule():
     assert text == ("the pairs whose strict instruction format fell outside the noise: a (-5.0 [-9.2, -0.8] points "
                     "over 2 seed(s)); d (-4.0 [-7.8, -0.3] points over 2 seed(s)); left out here by `panel_exclude`: d")
     assert panelpairs.chosen_sentence(_doc(), ["b"], exclude=["b"]).endswith("so this run acts on no pair")
+    with pytest.raises(ParameterError, match=r"'panel_exclude' names \['z'\]"):
+        panelpairs.choose(_doc(), "lost", exclude=["z"])
+    assert panelpairs.precondition_failed(_doc(), "a") == ""
+    assert panelpairs.precondition_failed(_doc(), "c").startswith("precondition failed: chapter 11's pair did not")
+    assert "no evaluated pair" in panelpairs.precondition_failed(_doc(), "tiny-llama")
     none = _doc(pairs_=[{"model": "a", "precondition": True, "VL: instructions strict": None}])
     assert panelpairs.lost_format(none) == []  # not evaluated: nothing lost
 
@@ -114,7 +119,8 @@ def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_
         if cond.startswith("merge:"):
             m = cond[len("merge:"):]
             want = merge.merge(pair.states["base"], pair.states["vl"], m, seed=0)
-            assert kw["key_extra"] == merge.evaluation_extra(m) and all(torch.equal(st[k], want[k]) for k in want)
+            assert kw["key_extra"] == {**merge.evaluation_extra(m), "merge_seed": 0}  # the mask seed joins the key
+            assert all(torch.equal(st[k], want[k]) for k in want)
         seen.append((cond, pair.params["seed"]))
         k = {"base": 30, "vl step 2": 20, "merge:uniform": 25, "merge:star": 10}[cond]  # items passed of 40
         return {"outcomes": {"instructions strict": [i < k for i in range(40)]}, "vqa": [0.9, 3], "S": 0.1,
@@ -140,6 +146,26 @@ def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_
     shown = panelmerge.verdict_table(v)
     assert list(shown.frame.columns) == ["merge - VL (pt)", "merge - base (pt)", "VQA kept (%)", "verdict: no recovery"]
     assert panelmerge.sentence(v.iloc[:0]) == "no pair of chapter 11 was merged"
+    # a rerun whose evaluations are all cached loads no pair
+    from sinklib.adapt import panelpairs as pp_
+
+    got = {}
+    for r, (cond, s) in zip(out["rows"], seen):
+        got[(s, cond.replace("vl step 2", "vl"))] = {"outcomes": {"instructions strict": [i < (
+            {"base": 30, "vl step 2": 20, "merge:uniform": 25, "merge:star": 10}[cond]) for i in range(40)]},
+            "vqa": [0.9, 3], "S": 0.1, "scores": []}
+    monkeypatch.setattr(pp_, "cached", lambda lm_, doc_, s, c, extra=None: got.get((s, c)) or got.get((0, c)))
+    monkeypatch.setattr(pp_, "load", lambda *a: pytest.fail("loaded a pair although everything was cached"))
+    again = panelmerge.run(doc, ["tiny-llama"], ["uniform", "star"])
+    assert again["outcomes"] == out["outcomes"]
+    # TSV keeps every direction of a rank-4 change in the tiny model: the merge is the VL model, not tested
+    p4 = panelpairs.params_of(doc, "tiny-llama", 0, "w")
+    assert "is the VL model up to rounding" in panelmerge.same_as_vl("tsv", lm.model, p4)
+    assert panelmerge.same_as_vl("tsv", lm.model, {**p4, "lora_rank": 16}) == ""
+    assert panelmerge.same_as_vl("star", lm.model, p4) == ""
+    v2 = panelmerge.verdicts({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], ["uniform", "star"],
+                             out["rows"], same={"tiny-llama": {"star": "why"}})
+    assert list(v2.outcome) == ["reproduced", "not tested"] and v2.why[1] == "precondition failed: why"
 
 
 def test_chapter_8s_repair_on_a_panel_pair_pools_each_restore_over_the_seeds(tmp_path, monkeypatch):
@@ -164,6 +190,7 @@ def test_chapter_8s_repair_on_a_panel_pair_pools_each_restore_over_the_seeds(tmp
 
     def fake(lm_, heads, *, eval_n, seed, eval_batch_size, tag="", **kw):
         assert eval_n == {"instructions": 0, "math": 0, "knowledge": 2, "perplexity": 0}  # chapter 11's suites
+        assert seed == 0 and eval_batch_size == 8  # chapter 11's items and batch, whatever chapter 8's seed
         k = "model.layers.0.self_attn.q_proj.weight"
         w = lm_.model.state_dict()[k]
         if torch.equal(w, base[k]):
@@ -174,9 +201,14 @@ def test_chapter_8s_repair_on_a_panel_pair_pools_each_restore_over_the_seeds(tmp
         return {"outcomes": {"instructions strict": [i < passes for i in range(40)]}}
 
     monkeypatch.setattr(causal, "evaluate", fake)
+    from sinklib.evals.paired import pack
+
     doc = _doc(interim=False)
+    doc["results"]["outcomes"] = {"tiny-llama": {"base": pack({"instructions strict": [i < 30 for i in range(40)]}),
+                                                 "vl": pack({"instructions strict": [i < 21 for i in range(40)]})}}
     out = panelrepair.run(doc, ["tiny-llama"], [0.25], mass_of=lambda lm_: np.zeros((L, H)), prompts=["a"],
-                          last_k_layers=2, max_tokens=8)
+                          last_k_layers=2, max_tokens=8, seed=5)
+    assert out["same_as_ch11"] == {"tiny-llama": {"base": True, "vl": False}}  # said on the page when they differ
     names = list(out["outcomes"]["tiny-llama"])
     assert names[:2] == ["base", "vl"] and "sink heads @ 0.25 seed 1" in names and "vl seed 1" in names
     assert len(names) == 1 + 2 * 4 and out["k"] == {"tiny-llama": {0.25: 2}}

@@ -62,7 +62,21 @@ def choose(doc11: Mapping[str, Any], want: str | Sequence[str], exclude: Sequenc
             raise ParameterError(f"parameter 'panel_models' names {bad}, which chapter 11 did not run; its models: "
                                  f"{have}")
         names = [m for m in have if m in want]
+    bad = [e for e in exclude if e not in have]
+    if bad:
+        raise ParameterError(f"parameter 'panel_exclude' names {bad}, which chapter 11 did not run; its models: "
+                             f"{have}")
     return [m for m in names if m not in exclude]
+
+
+def precondition_failed(doc11: Mapping[str, Any], name: str) -> str:
+    """'' when chapter 11's pair `name` passed its precondition (the visual task learned, knowledge kept), else
+    why it is not tested (a pair named by hand may not have)."""
+    row = next((r for r in doc11["results"]["pairs"] if r["model"] == name), None)
+    if row is not None and row.get("precondition"):
+        return ""
+    return ("precondition failed: chapter 11's pair did not pass its precondition (visual task learned, knowledge "
+            "kept)" if row is not None else "precondition failed: chapter 11 has no evaluated pair for this model")
 
 
 def chosen_sentence(doc11: Mapping[str, Any], want: str | Sequence[str], exclude: Sequence[str] = ()) -> str:
@@ -139,6 +153,36 @@ def load(lm: Any, doc11: Mapping[str, Any], seed: int) -> Any:
     return Pair(params=pp, states=states, projector=ck.projector, encoder=ck.encoder)
 
 
+def _call(lm: Any, doc11: Mapping[str, Any], seed: int, cond: str,
+          key_extra: Mapping[str, Any] | None) -> tuple[dict, str, dict]:
+    """(parameters, condition name, keyword arguments) under which chapter 11 keys the evaluation of `cond`
+    ('base': its first seed's pair without the LoRA keys, at the frozen rate; 'vl': the snapshot at the last
+    stage-2 step; anything else: that name with `key_extra`), as `fourpanel.run_base` / `run_condition` and
+    `pairs.evaluate_condition` compute them."""
+    from sinklib.adapt import dose
+    from sinklib.adapt.calibrate import base_params
+
+    kw = eval_kwargs(lm, doc11)
+    if cond == "base":
+        keyed = base_params(params_of(doc11, lm.name, doc11["parameters"]["seeds"][0], lm.weights_sha256))
+        rate = float(doc11["results"]["recipe"]["lr_lm"])
+        return {**keyed, "lr_lm": rate, "lr_projector_stage2": rate}, "base", {**kw, "vqa_n": 0}
+    pp = params_of(doc11, lm.name, seed, lm.weights_sha256)
+    if cond == "vl":
+        return pp, dose.snapshot_name("vl", pp["stage2_steps"]), kw
+    return pp, cond, {**kw, "key_extra": dict(key_extra) if key_extra else None}
+
+
+def cached(lm: Any, doc11: Mapping[str, Any], seed: int, cond: str,
+           key_extra: Mapping[str, Any] | None = None) -> dict | None:
+    """The evaluation `evaluate` would return for `cond` at `seed` when it is cached, else None; reads no weights (so
+    a rerun whose evaluations are all cached loads no pair)."""
+    from sinklib.adapt.pairs import cached_evaluation
+
+    params, name, kw = _call(lm, doc11, seed, cond, key_extra)
+    return cached_evaluation(params, name, **kw)
+
+
 def eval_kwargs(lm: Any, doc11: Mapping[str, Any]) -> dict:
     """Chapter 11's evaluation settings for `lm` (its suites and sizes, item seed, prompts of S, VQA items, batch)."""
     from sinklib.adapt import fourpanel
@@ -159,9 +203,9 @@ def evaluate(lm: Any, pair: Any, doc11: Mapping[str, Any], cond: str, *,
     kw = eval_kwargs(lm, doc11)
     low = low_memory(doc11, lm.name)
     base = lambda: pair.states["base"]  # noqa: E731 (the pair's own, made once or read from disk)
-    if cond == "base":
-        return fourpanel.run_base(lm, pair.params, base, low_memory=low, key_rate=doc11["results"]["recipe"]["lr_lm"],
-                                  **kw)
+    if cond == "base":  # chapter 11 evaluated its base model once, under its first seed's pair
+        first = params_of(doc11, lm.name, doc11["parameters"]["seeds"][0], lm.weights_sha256)
+        return fourpanel.run_base(lm, first, base, low_memory=low, key_rate=doc11["results"]["recipe"]["lr_lm"], **kw)
     if cond == "vl":
         return fourpanel.run_condition(lm, pair.params, "vl", base, low_memory=low, **kw)
     return evaluate_condition(lm, pair, cond, key_extra=key_extra, **kw)

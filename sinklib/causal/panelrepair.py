@@ -28,30 +28,36 @@ def condition(control: str, fraction: float) -> str:
 
 def run(doc11: Mapping[str, Any], names: Sequence[str], fractions: Sequence[float], *,
         mass_of: Callable[[Any], Any], prompts: Sequence[str], last_k_layers: int, max_tokens: int, seed: int = 0,
-        eval_batch_size: int = 8, device: str = "auto") -> dict:
+        device: str = "auto") -> dict:
     """The repair of each pair of `names` at each seed chapter 11 ran (`mass_of(lm)`: the base model's sink-mass map
-    on `prompts`, which ranks the heads), evaluated on chapter 11's suites (cached). -> {'outcomes': {model:
-    {'base' | 'vl' | 'vl seed 1' | 'sink heads @ 0.25' | 'sink heads @ 0.25 seed 1' | ...: packed outcomes}},
-    'described': rows of `repair.described` with 'seed', 'k': {model: {fraction: k}}}."""
+    on `prompts`, which ranks the heads; `seed` draws the random heads), evaluated on chapter 11's suites, items
+    (`fourpanel.EVAL_SEED`) and batch size (cached). -> {'outcomes': {model: {'base' | 'vl' | 'vl seed 1' |
+    'sink heads @ 0.25' | 'sink heads @ 0.25 seed 1' | ...: packed outcomes}}, 'described': rows of
+    `repair.described` with 'seed', 'k': {model: {fraction: k}}, 'same_as_ch11': {model: {condition: whether its
+    per-item outcomes are chapter 11's own}} (the base and VL models evaluated again here, on the same items)}."""
     from sinklib.adapt import panelpairs
+    from sinklib.adapt.fourpanel import EVAL_SEED
     from sinklib.causal.repair import described, repair_evaluations
     from sinklib.core.models import load_model
     from sinklib.evals import counts
     from sinklib.evals.paired import pack
 
     eval_n = counts(doc11["parameters"])
-    outcomes, rows, ks = {}, [], {}
+    ch11 = doc11["results"].get("outcomes", {})
+    outcomes, rows, ks, same = {}, [], {}, {}
     for name in names:
         lm = load_model(name, device=device)
         mass = mass_of(lm)
         out = outcomes.setdefault(name, {})
         for s in panelpairs.seeds_run(doc11):
             pair = panelpairs.load(lm, doc11, s)
-            base_ev, vl_ev, per = repair_evaluations(lm, pair, mass, prompts, fractions, last_k_layers=last_k_layers,
-                                                     max_tokens=max_tokens, eval_n=eval_n, seed=seed,
-                                                     eval_batch_size=eval_batch_size)
-            out.setdefault("base", pack(base_ev["outcomes"]))
-            out[panelpairs.condition("vl", s, doc11)] = pack(vl_ev["outcomes"])
+            base_ev, vl_ev, per = repair_evaluations(
+                lm, pair, mass, prompts, fractions, last_k_layers=last_k_layers, max_tokens=max_tokens,
+                eval_n=eval_n, seed=seed, eval_seed=EVAL_SEED, eval_batch_size=doc11["parameters"]["eval_batch_size"])
+            for c, ev in (("base", base_ev), (panelpairs.condition("vl", s, doc11), vl_ev)):
+                out[c] = pack(ev["outcomes"])
+                if c in ch11.get(name, {}):
+                    same.setdefault(name, {})[c] = _shared(out[c], ch11[name][c])
             for f, k, evs, plans in per:
                 ks.setdefault(name, {})[f] = k
                 for control, ev in evs.items():
@@ -59,7 +65,13 @@ def run(doc11: Mapping[str, Any], names: Sequence[str], fractions: Sequence[floa
                 rows += [{**r, "seed": s} for r in described(name, f, k, plans)]
             del pair
         del lm
-    return {"outcomes": outcomes, "described": rows, "k": ks}
+    return {"outcomes": outcomes, "described": rows, "k": ks, "same_as_ch11": same}
+
+
+def _shared(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two packed outcome records agree on every metric they share (pass/fail lists item by item)."""
+    keys = [k for k in a if k in b and isinstance(a[k], str) and isinstance(b[k], str)]
+    return bool(keys) and all(a[k] == b[k] for k in keys)
 
 
 def pooled_changes(doc: Mapping[str, Any], names: Sequence[str], fractions: Sequence[float],

@@ -232,11 +232,11 @@ def run_repair(lm, pair, base_mass, prompts: Sequence[str], fractions: Sequence[
 
 def repair_evaluations(lm, pair, base_mass, prompts: Sequence[str], fractions: Sequence[float], *,
                        last_k_layers: int, max_tokens: int, eval_n: Mapping[str, int], seed: int = 0,
-                       eval_batch_size: int = 8) -> tuple[dict, dict, list]:
+                       eval_batch_size: int = 8, eval_seed: int | None = None) -> tuple[dict, dict, list]:
     """The evaluations of one model's repair: the VL model's sink-mass map on `prompts` (last K layers), then for
-    each fraction of those layers' heads the three `repair_plans`, each evaluated (`evaluate_state`, cached), beside
-    the base and the VL model on the same items. -> (base evaluation, VL evaluation, [(fraction, k, {control:
-    evaluation}, plans)])."""
+    each fraction of those layers' heads the three `repair_plans` (random heads drawn with `seed`), each evaluated
+    (`evaluate_state`, cached), beside the base and the VL model on the same items (drawn with `eval_seed`; None:
+    `seed`). -> (base evaluation, VL evaluation, [(fraction, k, {control: evaluation}, plans)])."""
     from sinklib.core import anatomy, sink
     from sinklib.causal import suites as causal
 
@@ -249,7 +249,7 @@ def repair_evaluations(lm, pair, base_mass, prompts: Sequence[str], fractions: S
     finally:
         pair.load_into(lm.model, "base")
     tag = {"pair": pair.params, "eval": "chapter 8"}
-    ev = dict(eval_n=eval_n, seed=seed, eval_batch_size=eval_batch_size)
+    ev = dict(eval_n=eval_n, seed=seed if eval_seed is None else eval_seed, eval_batch_size=eval_batch_size)
     base_ev = causal.evaluate(lm, None, **ev)
     vl_ev = evaluate_state(lm, pair.states["vl"], {**tag, "control": "vl"}, **ev)
     out = []

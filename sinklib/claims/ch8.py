@@ -114,13 +114,15 @@ def repair(res):
         out[f"{m} (chapter 11's LoRA pair)"] = _repair_row(
             mine, f"chapter 11's {p11.get('instructions', '?')} + {p11.get('math', '?')}-item strict suites, pooled "
                   f"over {mine[0].get('seeds', 1)} seed(s)",
-            {mt: int(p11[mt.split()[0]]) for mt in strict_metrics() if mt.split()[0] in p11})
+            {mt: int(p11[mt.split()[0]]) for mt in strict_metrics() if mt.split()[0] in p11},
+            not_tested=panel.get("not_tested", {}).get(m, ""))
     return per_model(out)
 
 
-def _repair_row(mine: list[dict], suites: str, sizes: dict[str, int]) -> tuple[str, str, str]:
+def _repair_row(mine: list[dict], suites: str, sizes: dict[str, int], not_tested: str = "") -> tuple[str, str, str]:
     """One pair's repair (rows of `repair_changes`'s layout, its first fraction) by claim 9b's rule -> (ours,
-    verdict, why); `sizes`: items per strict metric, for the power note."""
+    verdict, why); `sizes`: items per strict metric, for the power note; `not_tested`: why the pair cannot test the
+    claim whatever its numbers (a failed precondition of chapter 11's pair)."""
     from sinklib.causal.repair import repair_outcome
 
     f0 = mine[0]["fraction"]
@@ -139,9 +141,9 @@ def _repair_row(mine: list[dict], suites: str, sizes: dict[str, int]) -> tuple[s
     good = back["sink heads"] and not (back["random heads"] or back["other rows"])
     bad = worse or not back["sink heads"] and (back["random heads"] or back["other rows"])
     ours += _ppl_repair(mine, f0)
-    v, w = decide(None, counts=(int(good), int(bad), 1), not_tested="" if lost else
+    v, w = decide(None, counts=(int(good), int(bad), 1), not_tested=not_tested or ("" if lost else
                   "precondition failed: the VL loss on the strict-format metrics is within noise (nothing to "
-                  "recover there)",
+                  "recover there)"),
                   quantity="restores (for: the sink heads' restore repairs and no control does; against: a "
                            "control repairs, or the sink heads' restore makes it worse)")
     if lost and not (good or bad):
