@@ -3,7 +3,7 @@
     .venv/bin/python scripts/browser_check.py [_build/html]     # prints one line per page, exits 1 on a problem
 
 Per page of the table of contents, at 1280 px wide: it loads without console errors of ours (messages about
-remote http(s) resources are ignored: the book is read offline); every internal link and image resolves;
+remote http(s) resources are ignored: the book is read offline); every internal link and image resolves, and every image has an alt text (not its file name);
 every figure in a chapter's output is followed by a caption ("Figure N.k."); math is rendered by MathJax (no
 raw TeX delimiters left); no table, display equation or printed output is wider than the content column; no struck-through or
 unclosed markup (an `<s>`, `<del>` or `<strike>` element, or text drawn with line-through, in the article or its
@@ -79,8 +79,11 @@ async () => {
   const cut = [...col.querySelectorAll('td, th')].filter(e => /\.\.\.$/.test(e.innerText.trim()))
     .map(e => e.innerText.trim().slice(-50));
   const badImages = [...document.images].filter(im => !(im.complete && im.naturalWidth > 0)).map(im => im.src);
+  // an image whose alt text is missing or only its file name (what a screen reader would read out)
+  const noAlt = [...col.querySelectorAll('img')].filter(im => !im.alt || /\.(png|jpe?g|svg|gif)$/i.test(im.alt))
+    .map(im => im.getAttribute('src').split('/').pop().slice(0, 24));
   const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
-  return {colW, wide, rawMath, uncaptioned, badImages, links, struck, text, prose, cut,
+  return {colW, wide, rawMath, uncaptioned, badImages, noAlt, links, struck, text, prose, cut,
           mathCount: col.querySelectorAll('mjx-container').length};
 }
 """
@@ -213,6 +216,7 @@ def check_book(html: Path, shots: Path | None = None, pages: list[str] | None = 
             rep.problems += [f"raw TeX delimiter {m!r} left in the text" for m in res["rawMath"]]
             rep.problems += [f"figure without caption: {u}" for u in res["uncaptioned"]]
             rep.problems += [f"image does not load: {b}" for b in res["badImages"]]
+            rep.problems += [f"image without an alt text (its file name instead): {a}" for a in res["noAlt"]]
             rep.problems += sorted({p for h in res["links"] if (p := _link_problem(f, h))})
             rep.problems += [f"struck-through or unclosed markup: {x}" for x in res["struck"]]
             rep.problems += [f"table cell cut short with '...': {x}" for x in res["cut"]]

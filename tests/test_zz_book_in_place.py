@@ -146,3 +146,46 @@ def test_browser_finds_printed_output_wider_than_the_column(tmp_path):
 def test_the_book_wraps_printed_output():
     css = (ROOT / "book" / "_static" / "narrow.css").read_text()
     assert "div.cell_output pre" in css and "white-space: pre-wrap !important" in css
+
+
+def test_browser_finds_an_image_whose_alt_is_its_file_name(tmp_path):
+    """myst-nb's default alt text for a cell's figure is its file name (a hash): reported; a real alt passes."""
+    png = ROOT / "book" / "_static" / "performance.png"
+    (tmp_path / "f.png").write_bytes(png.read_bytes())
+    bad, good = _bad_and_good(tmp_path, '<img src="f.png" alt="../../_images/2c84.png">',
+                              '<img src="f.png" alt="Figure 8.1 (its caption follows the figure)">')
+    assert any(p.startswith("image without an alt text") for p in bad), bad
+    assert not any("alt text" in p for p in good), good
+
+
+def test_the_book_gives_each_figure_an_alt_text():
+    """book/_ext/offline_book.py: a cell's figure followed by its caption paragraph gets 'Figure N.k (...)', a
+    {figure} directive its caption's first sentence, a figure without either a sentence that says so."""
+    import sys
+
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import offline_book
+
+    doc = new_document("x", get_default_settings(Parser))
+
+    def cell(uri):
+        c = nodes.container(classes=["cell"])
+        c += nodes.container("", nodes.image(uri=uri, alt=uri), classes=["cell_output"])
+        return c
+
+    doc += cell("_images/a.png")
+    doc += nodes.paragraph(text="Figure 8.1. The dose-response.")
+    doc += cell("_images/b.png")
+    doc += nodes.paragraph(text="In words: nothing.")
+    fig = nodes.figure("", nodes.image(uri="p.png"), nodes.caption(text="Time of one pass against T: log-log."))
+    doc += fig
+    doc += nodes.image(uri="c.png", alt="Colab logo")
+    offline_book._alt_texts(None, doc, "x")
+    alts = [im["alt"] for im in doc.findall(nodes.image)]
+    assert alts == ["Figure 8.1 (its caption follows the figure)", offline_book.NO_CAPTION,
+                    "Time of one pass against T:", "Colab logo"]
