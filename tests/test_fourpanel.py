@@ -562,6 +562,24 @@ def test_the_recipe_comes_from_chapter_10_or_from_numbers_when_chapter_10_froze_
         fourpanel.recipe_of(empty, "chapter10", 3)
 
 
+def test_a_rerun_of_chapter_10_that_chooses_another_point_does_not_change_the_panels_recipe():
+    """The panel ran on the registered recipe; chapter 10 rerun on SmolLM2 (another CPU's rounding can move its
+    paired intervals) may freeze another point: the recipe stays the registered one and the drift is said. A
+    chapter 10 calibrated on another model (a Colab design) is that design's recipe."""
+    reg = fourpanel.REGISTERED_RECIPE
+    method = {k: reg[k] for k in ("lm_method", "lora_rank", "lora_alpha", "lora_targets")}
+    same = {"results": {"lora_method": method, "lora_recipe": {"smollm2-135m": {"lr_lm": 2e-3, "stage2_steps": 60}}}}
+    assert fourpanel.recipe_drift(same) == "" and fourpanel.recipe_of(same, "chapter10", "chapter10") == reg
+    moved = {"results": {"lora_method": method, "lora_recipe": {"smollm2-135m": {"lr_lm": 5e-4, "stage2_steps": 60}}}}
+    assert fourpanel.recipe_of(moved, "chapter10", "chapter10") == reg
+    assert fourpanel.recipe_drift(moved) == ("chapter 10's rerun now freezes another point for smollm2-135m: lr_lm "
+                                             "0.0005 (registered: 0.002); the panel keeps the registered recipe, on "
+                                             "which all its jobs ran")
+    other = {"results": {"lora_method": method, "lora_recipe": {"Qwen/Qwen3-0.6B": {"lr_lm": 5e-4, "stage2_steps": 60}}}}
+    assert fourpanel.recipe_drift(other) == "" and fourpanel.recipe_of(other, "chapter10", "chapter10")["lr_lm"] == 5e-4
+    assert fourpanel.recipe_drift(None) == ""
+
+
 def test_the_orderings_of_s_within_chapter_2s_noise_bound_the_test():
     """s_orderings keeps the order of every pair whose S margin never flipped in chapter 2 and lets the others
     swap; ordering_sentence gives the range of rho and the outcomes over them (the reviewer's recomputation of

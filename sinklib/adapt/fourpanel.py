@@ -401,10 +401,36 @@ def _walk(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, b
 FROM_CHAPTER10 = "chapter10"
 
 
+#: the LoRA recipe chapter 10 froze (full profile, calibrated on SmolLM2) before chapter 11's first job, and on which
+#: every job of the book's panel ran: a later rerun of chapter 10 on the same model that chooses another point (its
+#: choice rests on paired intervals that another CPU's rounding can move) does not change the panel's design
+#: (`recipe_of` keeps this one and `recipe_drift` says what chapter 10 chose instead)
+REGISTERED_RECIPE = {"calibrated_on": "smollm2-135m", "lr_lm": 0.002, "stage2_steps": 60, "lm_method": "lora",
+                     "lora_rank": 16, "lora_alpha": 32.0,
+                     "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def recipe_drift(doc10: Mapping[str, Any] | None) -> str:
+    """'' when chapter 10's frozen recipe is the registered one (or chapter 10 calibrated another model: another
+    design, whose recipe the chapter runs), else what chapter 10 now chooses beside what the panel ran."""
+    try:
+        now = frozen_recipe(doc10) if doc10 is not None else None
+    except ResultsMissing:
+        return ""
+    if now is None or now["calibrated_on"] != REGISTERED_RECIPE["calibrated_on"] or now == REGISTERED_RECIPE:
+        return ""
+    diff = ", ".join(f"{k} {now[k]!r} (registered: {REGISTERED_RECIPE[k]!r})" for k in REGISTERED_RECIPE
+                     if now.get(k) != REGISTERED_RECIPE[k])
+    return (f"chapter 10's rerun now freezes another point for {now['calibrated_on']}: {diff}; the panel keeps the "
+            f"registered recipe, on which all its jobs ran")
+
+
 def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) -> dict:
-    """The recipe the chapter runs: chapter 10's frozen LoRA recipe, with `lr_lm` or `stage2_steps` replaced where
-    they are numbers (a profile's override, for example the quick profile's few steps; `FROM_CHAPTER10` keeps the
-    frozen value). Without chapter 10's results both must be numbers, and the LoRA method is `vl.lora`'s default."""
+    """The recipe the chapter runs: chapter 10's frozen LoRA recipe (`REGISTERED_RECIPE` where chapter 10, rerun on
+    the same calibration model, now chooses another point: `recipe_drift`), with `lr_lm` or `stage2_steps` replaced
+    where they are numbers (a profile's override, for example the quick profile's few steps; `FROM_CHAPTER10` keeps
+    the frozen value). Without chapter 10's results both must be numbers, and the LoRA method is `vl.lora`'s
+    default."""
     from sinklib import vl
 
     needs10 = FROM_CHAPTER10 in (lr_lm, stage2_steps)
@@ -412,7 +438,7 @@ def recipe_of(doc10: Mapping[str, Any] | None, lr_lm: Any, stage2_steps: Any) ->
         if doc10 is None:
             raise ResultsMissing("chapter 10's results are needed for its frozen recipe: run "
                                  "notebooks/10_calibration.ipynb first, or give lr_lm and stage2_steps as numbers")
-        base = frozen_recipe(doc10)
+        base = dict(REGISTERED_RECIPE) if recipe_drift(doc10) else frozen_recipe(doc10)
     except ResultsMissing:  # no results, or chapter 10 froze nothing (its quick profile): numbers stand alone
         if needs10:
             raise
