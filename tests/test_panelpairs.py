@@ -105,6 +105,7 @@ def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_
     states, evaluated under its method's key (the base once), the outcomes named per seed as the pooled changes
     read them; `verdicts` judges each merge on the strict instruction rate pooled over both seeds."""
     import sinklib.core.models
+    from sinklib.claims import ch6panel
     from sinklib.controls import merge, panelmerge
 
     monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
@@ -133,19 +134,19 @@ def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_
     assert list(out["outcomes"]["tiny-llama"]) == ["base", "vl", "merge:uniform", "merge:star", "vl seed 1",
                                                    "merge:uniform seed 1", "merge:star seed 1"]
     assert {r["seed"] for r in out["rows"]} == {0, 1} and len(out["seconds"]) == 4
-    v = panelmerge.verdicts({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], ["uniform", "star"],
+    v = ch6panel.verdicts({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], ["uniform", "star"],
                             out["rows"])
     assert list(v.seeds) == [2, 2] and v["VL minus base (pt)"][0].v == -25.0
     assert v["merge minus VL (pt)"][0].v == 12.5 and v["merge minus VL (pt)"][1].v == -25.0
     assert list(v.outcome) == ["reproduced", "reproduced"]  # below the base outside the noise: no recovery
     assert list(v["VQA kept (% of VL)"]) == [100.0, 100.0]
     assert [r["condition"] for r in out["rows"]][-3:] == ["vl seed 1", "merge:uniform seed 1", "merge:star seed 1"]
-    text = panelmerge.sentence(v)
+    text = ch6panel.sentence(v)
     assert text.startswith("tiny-llama (VL minus base -25.0 [") and "over 2 seed(s)): none of the 2 merges recovers" \
         in text and "1 is worse than VL outside the noise (star)" in text and text.endswith("verdicts: 2 reproduced")
-    shown = panelmerge.verdict_table(v)
+    shown = ch6panel.verdict_table(v)
     assert list(shown.frame.columns) == ["merge - VL (pt)", "merge - base (pt)", "VQA kept (%)", "verdict: no recovery"]
-    assert panelmerge.sentence(v.iloc[:0]) == "no pair of chapter 11 was merged"
+    assert ch6panel.sentence(v.iloc[:0]) == "no pair of chapter 11 was merged"
     # a rerun whose evaluations are all cached loads no pair
     from sinklib.adapt import panelpairs as pp_
 
@@ -163,7 +164,7 @@ def test_chapter_6s_merges_on_a_panel_pair_are_made_evaluated_and_judged_pooled_
     assert "is the VL model up to rounding" in panelmerge.same_as_vl("tsv", lm.model, p4)
     assert panelmerge.same_as_vl("tsv", lm.model, {**p4, "lora_rank": 16}) == ""
     assert panelmerge.same_as_vl("star", lm.model, p4) == ""
-    v2 = panelmerge.verdicts({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], ["uniform", "star"],
+    v2 = ch6panel.verdicts({"results": {"outcomes": out["outcomes"]}}, ["tiny-llama"], ["uniform", "star"],
                              out["rows"], same={"tiny-llama": {"star": "why"}})
     assert list(v2.outcome) == ["reproduced", "not tested"] and v2.why[1] == "precondition failed: why"
 
