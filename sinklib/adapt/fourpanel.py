@@ -199,14 +199,22 @@ def run_base(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, lo
     as chapter 10 pairs its LoRA series), VQA not measured. `key_rate` (the recipe's frozen rate) replaces the
     stage-2 rates in the key, so one cached evaluation serves every rate a model's walk tries (the base model does
     not depend on them: Gemma-3's evaluations keyed at 2e-3 and 4e-4 had the same per-item outcomes)."""
-    from sinklib.adapt.calibrate import base_params
     from sinklib.adapt.pairs import evaluate_condition
+
+    pair = Pair(params=base_key(params, key_rate), states=_pair(params, base, streamed=low_memory), projector=None,
+                encoder=None)
+    return evaluate_condition(lm, pair, "base", **{**evaluate_kwargs, "vqa_n": 0})
+
+
+def base_key(params: Mapping[str, Any], key_rate: float | None = None) -> dict:
+    """The parameters that key a base model's evaluation: the pair's without the LoRA keys
+    (`calibrate.base_params`), its stage-2 rates replaced by `key_rate` where given (`run_base`)."""
+    from sinklib.adapt.calibrate import base_params
 
     keyed = base_params(params)
     if key_rate is not None:
         keyed.update(lr_lm=float(key_rate), lr_projector_stage2=float(key_rate))
-    pair = Pair(params=keyed, states=_pair(params, base, streamed=low_memory), projector=None, encoder=None)
-    return evaluate_condition(lm, pair, "base", **{**evaluate_kwargs, "vqa_n": 0})
+    return keyed
 
 
 def vl_snapshot(lm: Any, params: Mapping[str, Any], base: Callable[[], dict], *, low_memory: bool = False):

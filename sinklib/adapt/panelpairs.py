@@ -160,13 +160,12 @@ def _call(lm: Any, doc11: Mapping[str, Any], seed: int, cond: str,
     stage-2 step; anything else: that name with `key_extra`), as `fourpanel.run_base` / `run_condition` and
     `pairs.evaluate_condition` compute them."""
     from sinklib.adapt import dose
-    from sinklib.adapt.calibrate import base_params
+    from sinklib.adapt.fourpanel import base_key
 
     kw = eval_kwargs(lm, doc11)
     if cond == "base":
-        keyed = base_params(params_of(doc11, lm.name, doc11["parameters"]["seeds"][0], lm.weights_sha256))
-        rate = float(doc11["results"]["recipe"]["lr_lm"])
-        return {**keyed, "lr_lm": rate, "lr_projector_stage2": rate}, "base", {**kw, "vqa_n": 0}
+        first = params_of(doc11, lm.name, doc11["parameters"]["seeds"][0], lm.weights_sha256)
+        return base_key(first, doc11["results"]["recipe"]["lr_lm"]), "base", {**kw, "vqa_n": 0}
     pp = params_of(doc11, lm.name, seed, lm.weights_sha256)
     if cond == "vl":
         return pp, dose.snapshot_name("vl", pp["stage2_steps"]), kw
