@@ -38,20 +38,7 @@ def test_check_fails_while_the_bottom_line_is_stale(monkeypatch, tmp_path):
     assert "public review" in text and 5 <= len([x for x in text.splitlines() if x and not x.startswith("%")]) <= 9
 
 
-def _ch8(knowledge, fmt):
-    rows = [{"model": "m", "first token": "none", "metric": k, "change": c, "lo": c - 5, "hi": c + 5}
-            for k, c in (("knowledge acc", knowledge), ("instructions strict", fmt), ("math strict", fmt))]
-    return {"results": {"first_token": rows}}
-
-
-def test_bos_sentence_follows_the_data(monkeypatch):
-    _fake(monkeypatch, {"08_causal_tests": _ch8(-20.0, 0.0)})
-    s = findings.bos_ablation(Results())
-    assert "−20.0 [−25.0, −15.0]" in s and "costs knowledge, not format" in s
-    _fake(monkeypatch, {"08_causal_tests": _ch8(-20.0, -20.0)})
-    assert "costs knowledge, not format" not in findings.bos_ablation(Results())
-    _fake(monkeypatch, {"08_causal_tests": _ch8(0.0, 0.0)})
-    assert findings.bos_ablation(Results()).startswith("Removing the first (BOS) token moved no score")
+def test_no_chapter_run_invents_no_finding(monkeypatch):
     _fake(monkeypatch, {})
     assert findings.other_findings() == ""          # no chapter run: no sentence invented
 

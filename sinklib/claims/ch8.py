@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from sinklib.claims.core import CH8, claim, per_model, power_note, strict_metrics
+from sinklib.controls.sizes import points
 from sinklib.stats.verdicts import Est, decide, est
 
 
@@ -167,3 +168,101 @@ def _ppl_repair(rows: list[dict], fraction: float) -> str:
     less = any(r["change"] < sink for c, r in ppl.items() if c != "sink heads")  # lower perplexity: more given back
     return (f"; perplexity VL minus base {est(Est(s['loss'], s['loss_lo'], s['loss_hi']), d)} (a loss outside the "
             f"noise): restored, {moves}" + (" (the sink heads give back less than a control)" if less else ""))
+
+_CONTROLS = {"random": "removing the sink from as many random heads",
+             "matched": "removing the same attention mass from keys other than the sink"}
+
+
+@claim("9c", "Specificity (causal test, ours, H2): removing the sink from the heads that use it most costs more strict "
+       "format than removing it from as many random heads", (), CH8)
+def specific_random(res):
+    return _specificity(res(CH8), "random")
+
+
+@claim("9d", "Specificity (causal test, ours, H2): removing the sink from the heads that use it most costs more strict "
+       "format than removing the same attention mass from keys other than the sink", (), CH8)
+def specific_matched(res):
+    return _specificity(res(CH8), "matched")
+
+
+def _contrasts(doc: dict, against: str, model: str) -> tuple[list[dict], str]:
+    """Chapter 8's strict-format contrasts (sink minus control) of `model` against one control at the doses its
+    predictions were written for (`causal.reading.PREDICTED_DOSES`), with how they were chosen; the random heads
+    pooled over their draws where the run has them (the first draw alone is the pre-registered column)."""
+    from sinklib.causal.reading import PREDICTED_DOSES, STRICT_PAIR
+
+    rows = [r for r in doc["results"].get("specificity") or [] if r["model"] == model and r["metric"] in STRICT_PAIR
+            and r["dose"] in PREDICTED_DOSES and r.get("tested", True)]
+    pooled = [r for r in rows if r["against"] == f"{against}, pooled"]
+    if pooled:
+        return pooled, f"pooled over {int(pooled[0]['draws'])} draws of random heads"
+    return [r for r in rows if r["against"] == against], ""
+
+
+def _specificity(doc: dict, against: str):
+    """Rows 9c and 9d, one model at a time: each strict-format contrast at a predicted dose counts for the claim
+    when its paired 95 % interval lies below zero (the sink heads cost more), against it when above (the control
+    cost more); every contrast must be on the claim's side (`decide` with counts)."""
+    from sinklib.causal.reading import PREDICTED_DOSES
+
+    out, ms = {}, list(dict.fromkeys(r["model"] for r in doc["results"].get("specificity") or []))
+    det = {(r["model"], r["metric"]): r for r in doc["results"].get("detectable") or []}
+    for m in ms:
+        rows, how = _contrasts(doc, against, m)
+        k_for, k_against = sum(r["hi"] < 0 for r in rows), sum(r["lo"] > 0 for r in rows)
+        cells = "; ".join(f"{r['metric']} at dose {r['dose']:g}: {est(Est(r['sink minus control'], r['lo'], r['hi']))}"
+                          for r in rows)
+        pw = ", ".join(f"{mt} {points(d['paired, flip 0.05'])} points ({d['items']} items)"
+                       for mt in dict.fromkeys(r["metric"] for r in rows) for d in [det.get((m, mt))] if d)
+        untested = "" if rows else (f"precondition failed: the {against} control was not within its tolerance at "
+                                    f"dose {' or '.join(f'{d:g}' for d in PREDICTED_DOSES)}")
+        v, why = decide(None, counts=(k_for, k_against, len(rows)), not_tested=untested,
+                        quantity="contrasts (sink minus control; for: below zero, against: above)")
+        ours = (f"sink minus {against} control, {cells}" + (f" ({how})" if how else "")
+                + (f"; smallest contrast these suites detect (80 % power): {pw}" if pw else "")) if rows else "—"
+        out[m] = (ours, v, why + _caveat(against, k_against, rows))
+    return per_model(out)
+
+
+def _caveat(against: str, k_against: int, rows: list[dict]) -> str:
+    """What a contrast against this control cannot separate: random heads that removed less attention mass (read
+    from the rows), a matched control that costs more by being harsher."""
+    if against == "random":
+        less = [r for r in rows if r.get("mass removed, control", 1.0) < r.get("mass removed, sink", 0.0)]
+        return ("" if not less or len(less) < len(rows) else
+                f"; the random heads removed less attention mass per query than the sink heads (at most "
+                f"{max(r['mass removed, control'] for r in less):.2f} against {min(r['mass removed, sink'] for r in less):.2f}"
+                " or more, in units of the dose's sink heads), so a difference would not have isolated the sink")
+    return ("; the matched control intervenes on more heads than the sink condition and takes all the content of a "
+            "head whose sink holds more than half its attention, so a control that costs more may only be "
+            "harsher" if k_against else "")
+
+
+@claim("9e", "Natural ablation (ours, H3): evaluating without the first (BOS) token, the sink's position, costs "
+       "strict format while knowledge holds", (), CH8)
+def first_token(res):
+    rows = res(CH8)["results"].get("first_token") or []
+    out = {}
+    for m in dict.fromkeys(r["model"] for r in rows):
+        by = {r["metric"]: r for r in rows if r["model"] == m and r["first token"] == "none"
+              and not r.get("inputs unchanged")}
+        out[m] = _first_token_row(by)
+    return per_model(out)
+
+
+def _first_token_row(by: dict[str, dict]) -> tuple[str, str, str]:
+    """Row 9e for one model ({metric: chapter 8's `none` row}, rows whose inputs the change left alone dropped):
+    a strict metric counts for the claim when it falls (paired 95 % interval below zero) and knowledge does not,
+    against it when knowledge falls at least as far; knowledge unmeasured (inputs unchanged) leaves it neither."""
+    k = by.get("knowledge acc")
+    strict = [mt for mt in strict_metrics() if mt in by]
+    k_falls = k is not None and k["hi"] < 0
+    k_for = sum(by[mt]["hi"] < 0 and k is not None and not k_falls for mt in strict)
+    k_against = sum(k_falls and k["change"] <= by[mt]["change"] for mt in strict)
+    cells = "; ".join(f"{mt} {est(Est(r['change'], r['lo'], r['hi']))}" for mt in (*strict, "knowledge acc")
+                      for r in [by.get(mt)] if r)
+    v, why = decide(None, counts=(k_for, k_against, len(strict)), not_tested="" if strict else
+                    "no strict-format suite changed its inputs", quantity="strict metrics (for: it falls and knowledge "
+                    "holds; against: knowledge falls at least as far)")
+    note = "" if k is not None else "; knowledge not measured (its prompts start with no BOS to remove)"
+    return f"without BOS minus with BOS, {cells}" + note, v, why

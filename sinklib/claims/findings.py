@@ -124,36 +124,9 @@ def s_trajectory(res: Results) -> str:
             f"the training seeds (t intervals) is {'; '.join(parts)}.")
 
 
-def _bos(res: Results) -> list[tuple[str, Est, list[tuple[str, Est]]]]:
-    """Per model: (model, knowledge change, [(strict metric, change)]) when the first token is removed."""
-    rows = res(CH8)["results"]["first_token"]
-    out = []
-    for m in dict.fromkeys(r["model"] for r in rows):
-        by = {r["metric"]: Est(r["change"], r["lo"], r["hi"]) for r in rows if r["model"] == m
-              and r["first token"] == "none"}
-        if "knowledge acc" in by:
-            out.append((m, by["knowledge acc"], [(x, by[x]) for x in strict_metrics() if x in by]))
-    return out
-
-
-def bos_ablation(res: Results) -> str:
-    rows = _bos(res)
-    hit = [(m, k, f) for m, k, f in rows if k.hi < 0 or any(e.hi < 0 for _, e in f)]
-    if not hit:
-        return ("Removing the first (BOS) token moved no score outside the noise (chapter 8)." if rows else "")
-    parts = []
-    for m, k, f in hit:
-        fs = ", ".join(f"{x} {est(e)}" for x, e in f)
-        parts.append(f"in {m} it changed knowledge by {est(k)} points and strict format by {fs}")
-    order = all(k.hi < 0 and not any(e.hi < 0 for _, e in f) for _, k, f in hit)
-    return ("Removing the first (BOS) token, the sink position (chapter 8, paired 95 % intervals): "
-            f"{'; '.join(parts)}." + (" It costs knowledge, not format: the opposite of the order the paper's "
-                                      "mechanism predicts." if order else ""))
-
-
 def head_ablation(res: Results, with_bos: bool = False) -> str:
     """Chapter 8's head ablation in plain words (`causal.reading.plain_finding` on its stored tables; the BOS
-    ablation too with `with_bos`, else left to `bos_ablation`); empty for a run without H2's contrasts."""
+    ablation too with `with_bos`, else left to claim row 9e); empty for a run without H2's contrasts."""
     import pandas as pd
 
     from sinklib.causal.reading import plain_finding
@@ -299,7 +272,7 @@ def powered_dose(res: Results) -> str:
             "changes, the items of one type tend to change together), the interval contains zero.")
 
 
-FINDINGS = (s_by_norm, head_ablation, bos_ablation, s_trajectory, recovery_cost, tiny_sinks_by_norm, powered_dose)
+FINDINGS = (s_by_norm, head_ablation, s_trajectory, recovery_cost, tiny_sinks_by_norm, powered_dose)
 
 
 def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
@@ -338,7 +311,7 @@ def other_findings() -> str:
 #: findings beyond the claim rows that belong on a chapter's "What we found" (chapter 8's head ablation is the
 #: plain finding atop its own Summary, so only the bottom line and "other findings" carry `head_ablation`)
 CHAPTER_FINDINGS: dict[str, tuple[Callable[[Results], str], ...]] = {
-    CH2: (s_by_norm,), CH4: (s_trajectory, powered_dose), "06_negative_controls": (recovery_cost,), CH8: (bos_ablation,),
+    CH2: (s_by_norm,), CH4: (s_trajectory, powered_dose), "06_negative_controls": (recovery_cost,),
     "09_sink_panel": (tiny_sinks_by_norm,)}
 
 

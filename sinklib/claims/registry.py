@@ -42,6 +42,9 @@ CLAIMS: tuple[Claim, ...] = (
     ch6.most_merges_worse,        # 8c
     ch8.ablation_order,           # 9a
     ch8.repair,                   # 9b
+    ch8.specific_random,          # 9c
+    ch8.specific_matched,         # 9d
+    ch8.first_token,              # 9e
 )
 #: reported keys that back no claim row, with the reason
 CONTEXT_ONLY: dict[str, str] = {
