@@ -57,8 +57,11 @@ def test_specificity_row_names_its_pooling_and_the_contrasts(monkeypatch):
     _fake(monkeypatch, _doc({"specificity": _spec("random", 0.0) + _spec("random", -10.0, pooled=True)}))
     ours = claims.evaluate(BY_ID["9c"]).row.ours[0]
     assert "math strict at dose 0.7: −10.0 [−14.0, −6.0]" in ours and "pooled over 3 draws" in ours
+    assert "the pre-registered first draw of random heads alone: inconclusive" in claims.evaluate(BY_ID["9c"]).row.ours[0]
     _fake(monkeypatch, _doc({"specificity": _spec("matched", 10.0)}))
     assert "intervenes on more heads" in claims.evaluate(BY_ID["9d"]).row.ours[0]
+    _fake(monkeypatch, _doc({"specificity": _spec("matched", 10.0, tested=False)}))
+    assert "not within its mass tolerance" in claims.evaluate(BY_ID["9d"]).row.ours[0]
 
 
 def _first(knowledge, fmt, unchanged=False):

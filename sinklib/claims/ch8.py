@@ -185,42 +185,50 @@ def specific_matched(res):
     return _specificity(res(CH8), "matched")
 
 
-def _contrasts(doc: dict, against: str, model: str) -> tuple[list[dict], str]:
+def _contrasts(doc: dict, against: str, model: str, pooled: bool = True) -> tuple[list[dict], str]:
     """Chapter 8's strict-format contrasts (sink minus control) of `model` against one control at the doses its
     predictions were written for (`causal.reading.PREDICTED_DOSES`), with how they were chosen; the random heads
-    pooled over their draws where the run has them (the first draw alone is the pre-registered column)."""
+    pooled over their draws where the run has them and `pooled` (the first draw alone is the pre-registered column)."""
     from sinklib.causal.reading import PREDICTED_DOSES, STRICT_PAIR
 
     rows = [r for r in doc["results"].get("specificity") or [] if r["model"] == model and r["metric"] in STRICT_PAIR
             and r["dose"] in PREDICTED_DOSES and r.get("tested", True)]
-    pooled = [r for r in rows if r["against"] == f"{against}, pooled"]
-    if pooled:
-        return pooled, f"pooled over {int(pooled[0]['draws'])} draws of random heads"
+    mixed = [r for r in rows if r["against"] == f"{against}, pooled"] if pooled else []
+    if mixed:
+        return mixed, f"pooled over {int(mixed[0]['draws'])} draws of random heads"
     return [r for r in rows if r["against"] == against], ""
 
 
-def _specificity(doc: dict, against: str):
-    """Rows 9c and 9d, one model at a time: each strict-format contrast at a predicted dose counts for the claim
-    when its paired 95 % interval lies below zero (the sink heads cost more), against it when above (the control
-    cost more); every contrast must be on the claim's side (`decide` with counts)."""
+def _counted(rows: list[dict], against: str) -> tuple[str, str]:
+    """(verdict, why) of one model's contrasts by the one rule: for when a paired 95 % interval lies below zero (the
+    sink heads cost more), against when above (the control cost more); every contrast must be on the claim's side."""
     from sinklib.causal.reading import PREDICTED_DOSES
 
+    doses = " or ".join(f"{d:g}" for d in PREDICTED_DOSES)
+    untested = "" if rows else ("precondition failed: the matched control was not within its mass tolerance at "
+                                f"dose {doses}" if against == "matched" else f"no contrast at dose {doses} in this run")
+    return decide(None, counts=(sum(r["hi"] < 0 for r in rows), sum(r["lo"] > 0 for r in rows), len(rows)),
+                  not_tested=untested, quantity="contrasts (sink minus control; for: below zero, against: above)")
+
+
+def _specificity(doc: dict, against: str):
+    """Rows 9c and 9d, one model at a time (`_counted` on `_contrasts`), with the suites' detectable contrast and
+    what the control cannot separate; where the pooled random draws and the pre-registered first draw disagree,
+    the row says so."""
     out, ms = {}, list(dict.fromkeys(r["model"] for r in doc["results"].get("specificity") or []))
     det = {(r["model"], r["metric"]): r for r in doc["results"].get("detectable") or []}
     for m in ms:
         rows, how = _contrasts(doc, against, m)
-        k_for, k_against = sum(r["hi"] < 0 for r in rows), sum(r["lo"] > 0 for r in rows)
+        v, why = _counted(rows, against)
+        first = _counted(_contrasts(doc, against, m, pooled=False)[0], against)[0] if how else v
         cells = "; ".join(f"{r['metric']} at dose {r['dose']:g}: {est(Est(r['sink minus control'], r['lo'], r['hi']))}"
                           for r in rows)
         pw = ", ".join(f"{mt} {points(d['paired, flip 0.05'])} points ({d['items']} items)"
                        for mt in dict.fromkeys(r["metric"] for r in rows) for d in [det.get((m, mt))] if d)
-        untested = "" if rows else (f"precondition failed: the {against} control was not within its tolerance at "
-                                    f"dose {' or '.join(f'{d:g}' for d in PREDICTED_DOSES)}")
-        v, why = decide(None, counts=(k_for, k_against, len(rows)), not_tested=untested,
-                        quantity="contrasts (sink minus control; for: below zero, against: above)")
         ours = (f"sink minus {against} control, {cells}" + (f" ({how})" if how else "")
                 + (f"; smallest contrast these suites detect (80 % power): {pw}" if pw else "")) if rows else "—"
-        out[m] = (ours, v, why + _caveat(against, k_against, rows))
+        why += "" if first == v else f"; the pre-registered first draw of random heads alone: {first}"
+        out[m] = (ours, v, why + _caveat(against, sum(r["lo"] > 0 for r in rows), rows))
     return per_model(out)
 
 
