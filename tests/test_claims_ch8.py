@@ -64,8 +64,8 @@ def test_specificity_row_names_its_pooling_and_the_contrasts(monkeypatch):
     assert "not within its mass tolerance" in claims.evaluate(BY_ID["9d"]).row.ours[0]
 
 
-def _first(knowledge, fmt, unchanged=False):
-    return [{"model": "m", "first token": t, "metric": k, "change": c, "lo": c - 5, "hi": c + 5,
+def _first(knowledge, fmt, unchanged=False, S=-3.0):
+    return [{"model": "m", "first token": t, "metric": k, "change": c, "lo": c - 5, "hi": c + 5, "S": S,
              "inputs unchanged": unchanged and k == "knowledge acc"}
             for t in ("none", "eos") for k, c in (("knowledge acc", knowledge), ("instructions strict", fmt),
                                                   ("math strict", fmt))]
@@ -77,6 +77,8 @@ CASES += [
     ("9e", {"first_token": _first(-20.0, -10.0)}, CONTRADICTED),      # knowledge falls further than format
     ("9e", {"first_token": _first(0.0, 0.0)}, INCONCLUSIVE),          # nothing moves
     ("9e", {"first_token": _first(0.0, -20.0, unchanged=True)}, INCONCLUSIVE),  # knowledge unmeasured
+    ("9e", {"first_token": _first(0.0, -20.0), "first_token_S": {"m": 0.0}}, REPRODUCED),   # the sink weakened
+    ("9e", {"first_token": _first(0.0, -20.0, S=0.8), "first_token_S": {"m": 0.8}}, NOT_TESTED),  # it did not
 ]
 
 
@@ -86,3 +88,4 @@ def test_first_token_row_follows_the_falls(monkeypatch, cid, results, expected):
     row = claims.evaluate(BY_ID[cid]).row
     assert row.verdict == expected, row
     assert ("knowledge not measured" in row.ours[0]) == any(r["inputs unchanged"] for r in results["first_token"])
+    assert ("S 0.80 as tokenised, 0.80 without BOS" in row.ours[0]) == (expected == NOT_TESTED)

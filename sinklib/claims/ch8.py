@@ -249,19 +249,23 @@ def _caveat(against: str, k_against: int, rows: list[dict]) -> str:
 @claim("9e", "Natural ablation (ours, H3): evaluating without the first (BOS) token, the sink's position, costs "
        "strict format while knowledge holds", (), CH8)
 def first_token(res):
-    rows = res(CH8)["results"].get("first_token") or []
+    results = res(CH8)["results"]
+    rows, s0 = results.get("first_token") or [], results.get("first_token_S") or {}
     out = {}
     for m in dict.fromkeys(r["model"] for r in rows):
-        by = {r["metric"]: r for r in rows if r["model"] == m and r["first token"] == "none"
-              and not r.get("inputs unchanged")}
-        out[m] = _first_token_row(by)
+        mine = [r for r in rows if r["model"] == m and r["first token"] == "none"]
+        by = {r["metric"]: r for r in mine if not r.get("inputs unchanged")}
+        out[m] = _first_token_row(by, s0.get(m), mine[0]["S"] if mine and "S" in mine[0] else None)
     return per_model(out)
 
 
-def _first_token_row(by: dict[str, dict]) -> tuple[str, str, str]:
+def _first_token_row(by: dict[str, dict], s_as_is: float | None = None,
+                     s_none: float | None = None) -> tuple[str, str, str]:
     """Row 9e for one model ({metric: chapter 8's `none` row}, rows whose inputs the change left alone dropped):
     a strict metric counts for the claim when it falls (paired 95 % interval below zero) and knowledge does not,
-    against it when knowledge falls at least as far; knowledge unmeasured (inputs unchanged) leaves it neither."""
+    against it when knowledge falls at least as far; knowledge unmeasured (inputs unchanged) leaves it neither.
+    With S as tokenised and without BOS (runs that stored both), a sink that did not weaken is a failed
+    precondition: the ablation did not ablate it."""
     k = by.get("knowledge acc")
     strict = [mt for mt in strict_metrics() if mt in by]
     k_falls = k is not None and k["hi"] < 0
@@ -269,8 +273,13 @@ def _first_token_row(by: dict[str, dict]) -> tuple[str, str, str]:
     k_against = sum(k_falls and k["change"] <= by[mt]["change"] for mt in strict)
     cells = "; ".join(f"{mt} {est(Est(r['change'], r['lo'], r['hi']))}" for mt in (*strict, "knowledge acc")
                       for r in [by.get(mt)] if r)
-    v, why = decide(None, counts=(k_for, k_against, len(strict)), not_tested="" if strict else
-                    "no strict-format suite changed its inputs", quantity="strict metrics (for: it falls and knowledge "
-                    "holds; against: knowledge falls at least as far)")
+    both = s_as_is is not None and s_none is not None
+    kept = ("precondition failed: evaluating without BOS left the sink as strong as it was (S on chapter 8's "
+            f"calibration prompts {s_as_is:.2f} as tokenised, {s_none:.2f} without BOS)" if both and s_none >= s_as_is
+            else "")
+    v, why = decide(None, counts=(k_for, k_against, len(strict)), not_tested=kept or ("" if strict else
+                    "no strict-format suite changed its inputs"), quantity="strict metrics (for: it falls and "
+                    "knowledge holds; against: knowledge falls at least as far)")
     note = "" if k is not None else "; knowledge not measured (its prompts start with no BOS to remove)"
-    return f"without BOS minus with BOS, {cells}" + note, v, why
+    s_text = f"S {s_as_is:.2f} as tokenised, {s_none:.2f} without BOS; " if both else ""
+    return f"{s_text}without BOS minus with BOS, {cells}" + note, v, why
