@@ -292,10 +292,12 @@ def _first_token_row(by: dict[str, dict], s_as_is: float | None = None,
     unchanged) leaves them neither. With S as tokenised and without BOS (runs that stored both): calibration
     prompts the change left alone cannot show the sink removed, and a sink that did not weaken was not ablated;
     both are failed preconditions."""
+    from sinklib.causal import falls
+
     k = by.get("knowledge acc")
     strict = [mt for mt in strict_metrics() if mt in by]
-    k_falls = k is not None and k["hi"] < 0
-    k_for = sum(by[mt]["hi"] < 0 and k is not None and not k_falls for mt in strict)
+    k_falls = k is not None and falls(k)
+    k_for = sum(falls(by[mt]) and k is not None and not k_falls for mt in strict)
     cells = "; ".join(f"{mt} {est(Est(r['change'], r['lo'], r['hi']))}" for mt in (*strict, "knowledge acc")
                       for r in [by.get(mt)] if r)
     both = s_as_is is not None and s_none is not None
@@ -309,13 +311,15 @@ def _first_token_row(by: dict[str, dict], s_as_is: float | None = None,
                     quantity="strict metrics (for: it falls while knowledge holds; against: knowledge falls)")
     ppl = by.get("perplexity ppl")
     note = "" if k is not None else "; knowledge not measured (its prompts start with no BOS to remove)"
-    note += f"; perplexity {ppl['base']:.1f} → {ppl['other']:.1f}" if ppl and ppl["lo"] > 0 else ""
+    note += f"; perplexity {ppl['base']:.1f} → {ppl['other']:.1f}" if ppl and falls(ppl) else ""
     s_text = f"S {s_as_is:.2f} as tokenised, {s_none:.2f} without BOS; " if both else ""
     return f"{s_text}without BOS minus with BOS, {cells}" + note, v, why
 
 
 def _eos_clause(eos: dict[str, dict]) -> str:
     """' (with EOS in BOS's place: ...)': the `eos` condition's falls, the same ablation by another token."""
+    from sinklib.causal import falls
+
     fell = [f"{mt} {est(Est(r['change'], r['lo'], r['hi']))}" for mt in (*strict_metrics(), "knowledge acc")
-            for r in [eos.get(mt)] if r and r["hi"] < 0]
+            for r in [eos.get(mt)] if r and falls(r)]
     return f" (with EOS in BOS's place: {'; '.join(fell)})" if fell else ""
