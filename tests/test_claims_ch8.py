@@ -78,6 +78,32 @@ def test_specificity_row_names_its_pooling_and_the_first_draw(monkeypatch):
     assert "first draw" not in claims.evaluate(BY_ID["9c"]).row.ours[0]
 
 
+def test_random_row_counts_the_sink_heads_the_random_sets_share(monkeypatch):
+    import numpy as np
+
+    from sinklib import causal
+
+    mass = np.random.default_rng(3).random((6, 4))
+    doc = _doc({"specificity": _spec("random", 0.0), "sink_mass": {"m": mass.tolist()}})
+    doc["parameters"].update(last_k_layers=4, fractions=[0.0, 0.5, 0.7, 1.0], seed=2, random_draws=3)
+    _fake(monkeypatch, doc)
+    ours = claims.evaluate(BY_ID["9c"]).row.ours[0]
+    plans = causal.dose_plans(mass, [2, 3, 4, 5], [0.0, 0.5, 0.7, 1.0], seed=2, random_draws=3)
+    want = causal.shared_sentence({"m": causal.shared_with_sink(plans)}).split(": ", 1)[1]
+    assert f"last 4 layers, the sink heads among them, so they share some of the sink heads ({want})" in ours
+    assert " of 8 at dose 0.5" in want and "dose 1" not in want   # k: half of the 16 heads; dose 1 draws nothing
+    _fake(monkeypatch, _doc({"specificity": _spec("random", 0.0)}))        # no sink mass stored: no clause
+    assert "share some" not in claims.evaluate(BY_ID["9c"]).row.ours[0]
+
+
+def test_random_row_says_where_prediction_2_and_the_row_part(monkeypatch):
+    _fake(monkeypatch, _doc({"specificity": _spec("random", -10.0, odd=0.0)}))   # three of four below zero
+    ours = claims.evaluate(BY_ID["9c"]).row.ours[0]
+    assert "3 of 4 contrasts lie below zero: chapter 8's prediction (2)" in ours
+    _fake(monkeypatch, _doc({"specificity": _spec("random", -10.0)}))           # all four: they agree
+    assert "prediction (2)" not in claims.evaluate(BY_ID["9c"]).row.ours[0]
+
+
 def _dose(sink_heads, matched_heads):
     return [{"model": "m", "dose": d, "control": c, "metric": mt, "n_heads": n, "base": 40.0, "other": 0.0}
             for d in (0.5, 0.7) for mt in STRICT for c, n in (("sink", sink_heads), ("matched", matched_heads))]

@@ -234,8 +234,40 @@ def _specificity(doc: dict, against: str):
         ours = (f"sink minus {against} control, {cells}" + (f" ({how})" if how else "")
                 + f"; smallest contrast these intervals detect four times in five: {pw}") if rows else "—"
         why += f"; the pre-registered first draw of random heads alone: {_counted(first, against)[0]}" if first else ""
-        out[m] = (ours, v, why + (_random_caveat(rows) if against == "random" else _matched_caveat(doc, m, rows)))
+        extra = (_random_caveat(rows) + _shared(doc, m) + _prediction2(rows) if against == "random"
+                 else _matched_caveat(doc, m, rows))
+        out[m] = (ours, v, why + extra)
     return per_model(out)
+
+
+def _shared(doc: dict, model: str) -> str:
+    """'; the random sets share ... of the sink heads': each predicted dose's random sets drawn again from the
+    stored sink mass and the run's parameters (`causal.dose_plans`, seeded as the chapter drew them), and their
+    overlap with the sink heads counted (`causal.shared_with_sink`); empty for a run that stored no sink mass."""
+    from sinklib import causal
+    from sinklib.causal.reading import PREDICTED_DOSES
+
+    p, mass = doc.get("parameters") or {}, (doc["results"].get("sink_mass") or {}).get(model)
+    need = ("last_k_layers", "fractions", "seed")
+    if mass is None or any(k not in p for k in need):
+        return ""
+    n = len(mass)
+    layers = list(range(n - min(int(p["last_k_layers"]), n), n))
+    plans = causal.dose_plans(mass, layers, p["fractions"], seed=int(p["seed"]), controls=("sink", "random"),
+                              random_draws=int(p.get("random_draws", 1)))
+    rows = [r for r in causal.shared_with_sink(plans) if r["dose"] in PREDICTED_DOSES]
+    return (f"; the random sets are drawn from every head of the last {len(layers)} layers, the sink heads among "
+            f"them, so they share some of the sink heads ({causal.shared_sentence({model: rows}).split(': ', 1)[1]}),"
+            " which pulls sink minus random toward zero") if rows else ""
+
+
+def _prediction2(rows: list[dict]) -> str:
+    """Where some but not every contrast lies below zero: chapter 8's prediction (2) (one contrast below zero in
+    one model) reads 'held' while this row, which needs every contrast of the model, does not."""
+    below = sum(r["hi"] < 0 for r in rows)
+    return ("" if not 0 < below < len(rows) else
+            f"; {below} of {len(rows)} contrasts lie below zero: chapter 8's prediction (2), which needs one "
+            "contrast below zero in one model, holds, while this row needs every contrast of the model")
 
 
 def _random_caveat(rows: list[dict]) -> str:
