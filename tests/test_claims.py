@@ -7,7 +7,7 @@ import pytest
 from sinklib.book import runner as book
 from sinklib import claims
 from sinklib.claims import INCONCLUSIVE, NOT_REPRODUCED, NOT_RUN, NOT_TESTABLE, REPRODUCED, Est
-from sinklib.stats.verdicts import CONTRADICTED, NOT_TESTED, decide
+from sinklib.stats.verdicts import CONTRADICTED, NOT_TESTED, decide, est
 from sinklib.errors import ResultsMissing
 from sinklib.book.reported import reported_values
 
@@ -168,9 +168,21 @@ def ch7(sinks=1.0, lost=0.5, lw=(0.8, 0.001, 3.0), ph_spread=1.2, h6=(-5.0, -8.0
             "query_norm_spread": 3.0, "raw_share_spread": 2.0, "rho_share_logit_range": lr[1]},
            {"variant": "per_head", "rho_share_query_norm": float("nan"), "p_share_query_norm": float("nan"),
             "query_norm_spread": ph_spread, "raw_share_spread": 2.0, "rho_share_logit_range": 0.1, "n_heads": 32}]
-    hyp = [{"hypothesis": "H6 the loss is VL-specific",
-            "this panel": f"VL minus text-only {h6[0]} [{h6[1]}, {h6[2]}] pt", "verdict": "x", "why": "paired t"}]
+    hyp = [{"hypothesis": "H6 the loss is VL-specific", "verdict": "x", "why": "paired t",
+            "this panel": f"VL minus text-only {est(Est(*h6))} pt", "interval": None if h6 is None else list(h6)}]
     return _doc({"preconditions": pre, "remark1": rem, "hypotheses": hyp}, models=())
+
+
+def _no_interval(doc):
+    for h in doc["results"]["hypotheses"]:
+        h.pop("interval")
+    return doc
+
+
+def test_text_only_row_reads_the_stored_interval_whatever_its_sign(monkeypatch):
+    _fake(monkeypatch, {C7: ch7(h6=(21.4, 16.6, 26.2), vqa=0.0)})
+    row = claims.evaluate(BY_ID["6d"]).row
+    assert row.verdict == NOT_TESTED and "the interval alone: contradicted" in row.reason, row
 
 
 def _inj_scores(instr, math, n=1000, ppl=30.0):
@@ -301,6 +313,8 @@ CASES = [
     ("7e", {C5: ch5_tiny(partial=(0.5, 0.01)), C7: ch7(vqa=0.0)}, NOT_TESTED),
     ("6d", {C7: ch7()}, REPRODUCED), ("6d", {C7: ch7(h6=(5.0, 2.0, 8.0))}, CONTRADICTED),
     ("6d", {C7: ch7(h6=(-1.0, -4.0, 2.0))}, INCONCLUSIVE), ("6d", {C7: ch7(vqa=0.0)}, NOT_TESTED),
+    ("6d", {C7: ch7(h6=(21.4, 16.6, 26.2))}, CONTRADICTED),     # chapter 7's sign: '+21.4 [+16.6, +26.2]'
+    ("6d", {C7: _no_interval(ch7())}, NOT_TESTED),              # a run that stored the interval only as text
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 70))})}, REPRODUCED),
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 40))})}, CONTRADICTED),                   # knowledge lost too
     ("5a", {C4: ch4({A: pair(vl=(20, 20, 70), vqa=40.0)})}, NOT_TESTED),           # VL did not learn to see

@@ -2,7 +2,6 @@
 the loss (chapter 5)."""
 from __future__ import annotations
 
-import re
 
 from sinklib.claims.core import CH5, CH7, CH11, INTERIM, Row, claim, not_testable
 from sinklib.errors import ResultsMissing
@@ -46,8 +45,10 @@ def tiny_text_only(res):
         return Row(("no text-only control in chapter 7's run",),
                    *decide(None, not_tested="run chapter 7 with its text-only control"))
     h, (ctx, failed) = hyp[0], _tiny_precondition(res, sink_needed=False)
-    m = re.search(r"([−-]?[\d.]+) \[([−-]?[\d.]+), ([−-]?[\d.]+)\]", h["this panel"])
-    e = Est(*(float(x.replace("−", "-")) for x in m.groups())) if m else None
+    if h.get("interval") is None:
+        return Row((h["this panel"], ctx), *decide(None, not_tested="chapter 7's run stored this interval only "
+                                                                    "as text: rerun chapter 7"))
+    e = Est(*h["interval"])
     # chapter 7 stores "VL minus text-only": the paper's side (text-only loses less) is below zero
     return Row((h["this panel"], ctx), *decide(e, -1, quantity=h["why"].split(" (")[0],
                not_tested=f"{failed}; the interval alone: {decide(e, -1).outcome}" if failed else ""))

@@ -31,7 +31,7 @@ from sinklib.core.train import THREADS_ENV
 from sinklib.tiny.adapt import PANEL_METRICS, TINY_STRICT_TASK, adapt  # noqa: F401  (TINY_STRICT_TASK: for chapter 7)
 from sinklib.tiny.evaluate import KNOWLEDGE_OPTIONS
 from sinklib.tiny.model import VARIANTS
-from sinklib.tiny.pilot import BASE_COLUMNS, PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink03_sentence, sink_formed
+from sinklib.tiny.pilot import BASE_COLUMNS, PILOT_RECIPE, SCORE_BAND, SINK_RISE, pilot, sink_formed
 
 #: training settings, applied on top of the profile's base recipe (name -> overrides)
 SETTINGS: dict[str, dict] = {
@@ -239,9 +239,10 @@ def _rho_est(rho_table: pd.DataFrame, task: str):
     return Est(float(r["rho"]), float(r["ci_fisher_lo"]), float(r["ci_fisher_hi"])), r  # the book's interval for rho
 
 
-def _hyp_row(h, paper, ours, verdict, why) -> dict:
-    """One row of the `hypotheses` table."""
-    return {"hypothesis": h, "paper": paper, "this panel": ours, "verdict": verdict, "why": why}
+def _hyp_row(h, paper, ours, verdict, why, e=None) -> dict:
+    """One row of the `hypotheses` table; 'interval': [value, lo, hi] of the estimate `e` that decided it (None)."""
+    return {"hypothesis": h, "paper": paper, "this panel": ours, "verdict": verdict, "why": why,
+            "interval": None if e is None else [float(x) for x in e]}
 
 
 def _hyp_strict(st: Mapping[str, pd.DataFrame], paper_rho: str) -> list[dict]:
@@ -259,7 +260,7 @@ def _hyp_strict(st: Mapping[str, pd.DataFrame], paper_rho: str) -> list[dict]:
     else:
         out.append(_hyp_row("H1 S predicts the strict-format change", paper_rho,
                             f"rho {est(e, 2)} (n = {int(r['n'])}, p = {r['p_value']:.3g})", direction(e, +1),
-                            "Fisher 95 % interval of rho"))
+                            "Fisher 95 % interval of rho", e))
     ar = st["architecture"].set_index("task").loc[TINY_STRICT_TASK]
     pr, pp = ar.get("partial_rho", float("nan")), ar.get("partial_p", float("nan"))
     if pr is None or not np.isfinite(pr):
@@ -292,7 +293,7 @@ def _hyp_no_relation(rho_t: pd.DataFrame) -> list[dict]:
                                 INCONCLUSIVE if e.lo <= 0 <= e.hi else CONTRADICTED,
                                 "the interval contains zero: no relation found, which on a small panel is not "
                                 "evidence of none (an interval containing zero is never 'reproduced')"
-                                if e.lo <= 0 <= e.hi else "the interval excludes zero: S relates to this change too"))
+                                if e.lo <= 0 <= e.hi else "the interval excludes zero: S relates to this change too", e))
     return out
 
 
@@ -312,7 +313,7 @@ def _hyp_per_head(rows: pd.DataFrame, paper_ph: str) -> dict:
     e = Est(float(a.mean() - b.mean()), float(ci.low), float(ci.high))
     return _hyp_row("H4 per-head QK-norm models lose less", paper_ph,
                     f"per-head minus none {est(e)} pt ({len(a)} + {len(b)} models)", direction(e, +1),
-                    "Welch 95 % interval of the difference of mean strict-format changes")
+                    "Welch 95 % interval of the difference of mean strict-format changes", e)
 
 
 def _hyp_lopo(lopo: pd.DataFrame, paper_lopo: str) -> dict:
@@ -335,7 +336,6 @@ def _hyp_text_only(rows: pd.DataFrame) -> list[dict]:
     """H6: the text-only control loses less than VL (paired t interval); no row without the control."""
     from scipy import stats as sst
 
-    from sinklib.stats.schema import TINY_STRICT_TASK
     from sinklib.book.reported import reported
     from sinklib.stats.verdicts import Est, direction, est
 
@@ -349,7 +349,7 @@ def _hyp_text_only(rows: pd.DataFrame) -> list[dict]:
                      f"{reported('ifeval_qwen25vl'):+.1f}", f"VL minus text-only strict-format change {est(e)} pt "
                      f"(mean over {len(d)} models)", direction(e, -1),
                      "paired t 95 % interval over models of the VL change minus the text-only change "
-                     "(negative: VL loses more)")]
+                     "(negative: VL loses more)", e)]
 
 
 def hypotheses(rows: pd.DataFrame, st: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -409,43 +409,6 @@ def pilot_table(models: Sequence[Mapping], setting: str = "pilot") -> pd.DataFra
                      "strict": r["strict"], "lenient": r["lenient"], "knowledge": r["knowledge"], "ppl": r["ppl"],
                      "scores in band": r["all_in_band"]})
     return pd.DataFrame(rows)
-
-
-def findings(pilot: pd.DataFrame, rows: pd.DataFrame, pre: pd.DataFrame, hyp: pd.DataFrame) -> dict[str, str]:
-    """The chapter's result sentences, computed (glued into its prose): 'pilot', 'sinks', 'band', 'lost',
-    'vqa', 'chance', 'text_only', 'spread', 'verdicts', 'h1', 'h6', 'sink03'."""
-    out = {}
-    parts = []
-    for _, r in pilot.iterrows():
-        rise = r["S trained"] - r["S at init"]
-        sink = "a sink formed" if r["sink formed"] else f"rise {rise:+.2f}, below the {SINK_RISE} a sink needs"
-        band = "inside" if r["scores in band"] else "not all inside"
-        parts.append(f"{r['variant']}: S {r['S at init']:+.2f} at initialisation, {r['S trained']:+.2f} after "
-                     f"{r['steps']} steps ({sink}; largest head mass {r['max head mass']:.2f}; scores {band} the band)")
-    out["pilot"] = "; ".join(parts)
-    pre_t = pre.set_index("precondition")["models"]
-    out["sinks"] = f"a sink formed in {pre_t['a sink formed in training']} models"
-    out["sink03"] = sink03_sentence(rows)
-    out["band"] = f"base scores inside the band in {pre_t['base scores inside the band']} models"
-    out["lost"] = f"VL lost strict-format score outside the noise in {pre_t['VL lost strict-format score']} models"
-    out["vqa"] = f"the VL model learned the visual task in {pre_t['the VL model learned the visual task']} models"
-    out["chance"] = f"the base knowledge score lies above chance in {pre_t['knowledge above chance']} models"
-    out["text_only"] = "not computed (no text-only control in this run)"
-    if "text_only_format_strict" in rows:
-        vl, to = rows[TINY_STRICT_TASK], rows["text_only_format_strict"]
-        out["text_only"] = (f"mean strict-format change {vl.mean():+.1f} points under VL and {to.mean():+.1f} under the "
-                            f"text-only control (VL minus text-only per model: {(vl - to).min():+.0f} to "
-                            f"{(vl - to).max():+.0f})")
-    sp = rows.groupby("qk_norm")["S"].agg(["count", "min", "max"])
-    out["spread"] = "; ".join(f"{v}: {int(r['count'])} models, S {r['min']:+.2f} to {r['max']:+.2f} "
-                              f"(range {r['max'] - r['min']:.2f})" for v, r in sp.iterrows())
-    out["verdicts"] = "; ".join(f"{r['hypothesis']}: {r['verdict']} ({r['this panel']})" for _, r in hyp.iterrows())
-    h1 = hyp.iloc[0]
-    out["h1"] = f"{h1['this panel']}: {h1['verdict']}"
-    h6 = hyp[hyp.hypothesis.str.startswith("H6")]
-    out["h6"] = (f"{h6.iloc[0]['this panel']}: {h6.iloc[0]['verdict']}" if len(h6)
-                 else "not computed (no text-only control in this run)")
-    return out
 
 
 #: the resampling sizes of chapter 5's full profile, so that chapter 7's summary and chapter 5's section on
