@@ -567,6 +567,8 @@ def test_s_margin_row_checks_every_pair_of_models(monkeypatch):
     assert row.verdict == CONTRADICTED
     assert "of the 6 pairs of models" in row.ours[0] and "in 33 of 36 (pair, N, seed) cells" in row.ours[0]
     assert "the smallest is S(b) − S(c) = −0.15" in row.ours[0]
+    assert "cells (for: the sign of the margin kept; against: it flips)" in row.reason
+    assert "the flips fall in S(b) − S(c) (3 cells;" in row.reason and "pairs that never flip lie" in row.reason
     steady = [{**c, "c": -0.1} for c in rob]
     _fake(monkeypatch, {C2: _doc({"S": S, "robustness": steady, "sensitivity": [], "timing": []}, models=models)})
     row = claims.evaluate(BY_ID["3"]).row

@@ -74,13 +74,28 @@ def s_stable(res):
         ours += (f"the ordering flips for {', '.join(flips)} (chapter 2's definition choices)",)
     ns = [c["N"] for c in r["robustness"]]
     z = min((_margin_z(r["robustness"], a, b) for a, b in zip(m["a"], m["b"])), default=float("inf"))
-    v = decide(None, counts=(same, cells - same, cells), quantity="(pair, N, seed) cells keeping the sign",
+    v = decide(None, counts=(same, cells - same, cells), quantity="(pair, N, seed) cells (for: the sign of the "
+               "margin kept; against: it flips)",
                too_small="" if min(ns) <= 10 and max(ns) >= 100 else "the grid does not span N = 10 to 100")
     if v.outcome == "reproduced" and z > 3:
         v = decide(None, too_small=f"a sign that could not flip is no test: at every N the mean margin of every pair "
                    f"is {z:.1f} or more standard deviations (over calibration seeds) from zero; the paper's 108 cells "
                    "compare closer models")
-    return Row(ours, *v)
+    return Row(ours, v.outcome, v.why + _where_flips(m, r["robustness"]))
+
+
+def _where_flips(m, cells: list[dict]) -> str:
+    """'; the flips fall in ...': the pairs whose sign flips, each with how many standard deviations (over
+    calibration seeds, at its noisiest N) its mean margin lies from zero, against the pairs that never flip."""
+    z = {p: _margin_z(cells, a, b) for p, a, b in zip(m["pair"], m["a"], m["b"])}
+    flip = {p: int(k) for p, k in zip(m["pair"], m["sign flips"]) if k}
+    kept = [z[p] for p in z if p not in flip]
+    if not flip:
+        return ""
+    return ("; the flips fall in " + ", ".join(f"{p} ({k} cells; its mean margin {z[p]:.1f} standard deviations "
+                                               f"from zero)" for p, k in flip.items())
+            + (f", while the pairs that never flip lie {min(kept):.1f} or more standard deviations from zero" if kept
+               else "") + ": the sign is unstable where the models' S are closer than the calibration noise")
 
 
 def _margin_z(cells: list[dict], a: str, b: str) -> float:
