@@ -129,6 +129,10 @@ def test_a_dep_rerun_with_the_same_numbers_leaves_the_reader_current(tiny_book):
     assert st.state == stale.CURRENT and st.why == [f"{DEP[:2]} rerun since, with the same numbers"]
     path.write_text(json.dumps({"results": {"v": 1.0000000001}, "provenance": {"seconds": 3.0}}))
     assert tiny_book.state(READER).state == stale.STALE   # exact: no tolerance
+    path.write_text(json.dumps({"results": {"v": 1, "interval": [1, 0, 2]}, "provenance": {"seconds": 3.0}}))
+    assert tiny_book.state(READER).state == stale.CURRENT  # a key added: nothing the reader read has moved
+    path.write_text(json.dumps({"results": {}, "provenance": {"seconds": 3.0}}))
+    assert tiny_book.state(READER).state == stale.STALE   # a key removed is a change
     path.write_text(json.dumps({"results": {"v": 1}, "provenance": {"seconds": 4.0}}))
     assert stale.same_numbers(tiny_book.root, path, "0" * 64) is None    # no version with that sha: cannot judge
     rec_path = tiny_book.root / "book" / "chapters" / f"{READER}.ipynb"

@@ -343,3 +343,17 @@ def test_protect_sentence_orders_the_variants_and_counts_positive_losses():
     assert "smallest first: per_head -9.0, none +1.0, layerwise +3.0 points" in s
     assert "per-head QK-norm has the smallest loss; the loss is positive in 2 of 4 models" in s
     assert "does not have" in sp.protect_sentence(df.assign(**{"rule loss": [1.0, 1.0, 5.0, 0.0]}), "rule loss")
+    assert "negative loss" in s and "negative loss" not in sp.protect_sentence(
+        df.assign(**{"rule loss": [1.0, 1.0, 5.0, 0.0]}), "rule loss")      # said only where a mean is below zero
+
+
+def test_causal_reading_says_whether_removing_the_sink_moved_the_rule():
+    import pandas as pd
+
+    ct = pd.DataFrame({"model": ["a", "a", "b", "b"], "intervention": ["remove", "random", "remove", "random"],
+                       "rule change": [0.0, 0.4, -0.5, 0.0]})
+    s = sp.causal_reading(ct, ["a", "b"])
+    assert "largest rule change per intervention is remove 0.5, random 0.4 points" in s and "where it was" in s
+    moved = sp.causal_reading(ct.assign(**{"rule change": [-6.0, 0.0, 0.0, 0.0]}), ["a"])
+    assert moved.endswith("remove moved the rule by more than 1 point") and "1 model(s)" in moved
+    assert "nothing to remove" in sp.causal_reading(ct, [])

@@ -7,8 +7,9 @@ itself (its code cells against the source's, the parameters papermill recorded a
 results file read counts as changed when git says it changed since the reader's commit (its results file's
 ``provenance.git_commit``, a ``+dirty`` suffix stripped: uncommitted changes at run time are not known).
 A results file read whose bytes changed but whose numbers and texts did not (its chapter rerun: only the
-provenance, timings or paths moved, `same_numbers`, judged against the version the reader ran with, found in git
-history by its sha256; where that version is not in the clone's history, the reader is "unknown", not stale)
+provenance, timings or paths moved, or keys were added to its objects, `same_numbers`, judged against the
+version the reader ran with, found in git history by its sha256; where that version is not in the clone's
+history, the reader is "unknown", not stale)
 leaves the reader current, with a note: a rerun of chapter 2 does not send chapter 11's
 nine hours of jobs back to the queue for a new wall-clock time.
 
@@ -111,7 +112,16 @@ def same_numbers(root: Path, path: Path, sha: str | None) -> bool | None:
         old, new = json.loads(before), json.loads(Path(path).read_text())
     except ValueError:
         return False
-    return next(compare.diff_values(old, new, tol=0.0), None) is None
+    return all(_added_key(d) for d in compare.diff_values(old, new, tol=0.0))
+
+
+def _added_key(d) -> bool:
+    """Whether a difference is a key the rerun added to a JSON object (none of the old numbers or texts moved):
+    no reader can have read a key that did not exist, so an addition leaves what it computed as it was. An item
+    appended to a list is not one (a reader may have counted or averaged the list)."""
+    from sinklib.book.compare import MISSING
+
+    return d.kind == "missing" and d.before == MISSING and not d.path.endswith("]")
 
 
 def recorded_commit(name: str, rec: dict | None, results: Path) -> tuple[str | None, str]:

@@ -469,9 +469,24 @@ def protect_sentence(df: pd.DataFrame, col: str = RULE_TASK) -> str:
     order = ", ".join(f"{k} {v:+.1f}" for k, v in m.items())
     held = m.index[0] == "per_head"
     lost = int((df[col] > 0).sum())
-    return (f"mean {col} by variant, smallest first: {order} points (a negative loss: the model kept more than "
-            f"its reference); per-head QK-norm {'has' if held else 'does not have'} the smallest loss; the loss is "
-            f"positive in {lost} of {len(df)} models")
+    neg = " (a negative loss: the model kept more than its reference)" if (m < 0).any() else ""
+    return (f"mean {col} by variant, smallest first: {order} points{neg}; per-head QK-norm "
+            f"{'has' if held else 'does not have'} the smallest loss; the loss is positive in {lost} of {len(df)} models")
+
+
+def causal_reading(ct: pd.DataFrame, with_sink: Sequence[str], within: float = 1.0) -> str:
+    """Section 9.7 in words: whether removing the sink moved the rule in any model with a sink by more than
+    `within` points (one rule item or so), against the controls; the largest change per intervention."""
+    mine = ct[ct["model"].isin(list(with_sink))] if not ct.empty else ct
+    if mine.empty:
+        return "no model with a sink by the pilot's rule, so nothing to remove"
+    big = mine.groupby("intervention", sort=False)["rule change"].apply(lambda x: float(x.abs().max()))
+    moved = [i for i, v in big.items() if v > within]
+    sizes = ", ".join(f"{i} {v:.1f}" for i, v in big.items())
+    return (f"in the {mine['model'].nunique()} model(s) with a sink, the largest rule change per intervention is "
+            f"{sizes} points: " + ("removing the sink left the backcopy rule where it was, so nothing here says the "
+                                  "rule rests on the sink" if not moved else
+                                  f"{' and '.join(moved)} moved the rule by more than {within:g} point"))
 
 
 def conditions_sentence(adapted: pd.DataFrame) -> str:
