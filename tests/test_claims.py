@@ -76,9 +76,17 @@ def _doc(results, params=None, models=(A, B)):
             "provenance": {"profile": "quick", "models": [{"name": m} for m in models]}}
 
 
-def ch1(mass):
-    return _doc({"mass_last10": {A: mass, B: mass}, "massive_activation_peak": [{"model": A, "ratio": 50.0}]},
-                {"max_tokens": 64})
+def ch1(mass, uniform=None):
+    return _doc({"mass_last10": {A: mass, B: mass}, "massive_activation_peak": [{"model": A, "ratio": 50.0}],
+                 **({"uniform_share": {A: uniform, B: uniform}} if uniform else {})}, {"max_tokens": 64})
+
+
+def test_row_1_compares_with_the_uniform_share_of_the_prompts_used(monkeypatch):
+    _fake(monkeypatch, {C1: ch1(0.4, uniform=0.1)})
+    ours = claims.evaluate(BY_ID["1"]).row.ours[0]
+    assert "4.0x the uniform share 0.100 over the queries of chapter 1's prompts" in ours
+    _fake(monkeypatch, {C1: ch1(0.4)})
+    assert "if every prompt had 64 tokens" in claims.evaluate(BY_ID["1"]).row.ours[0]
 
 
 def ch2(ratio=1.0, margin=0.05, ns=(10, 15, 100), step=0.2):
@@ -293,6 +301,7 @@ CASES = [
     ("7g", {C9: ch9()}, REPRODUCED), ("7g", {C9: ch9(partial=(0.6, 0.01))}, CONTRADICTED),
     ("7g", {C9: ch9(partial=(-0.6, 0.3))}, INCONCLUSIVE), ("7g", {C9: ch9(sinks=0.0)}, NOT_TESTED),
     ("1", {C1: ch1(0.6)}, REPRODUCED), ("1", {C1: ch1(0.03)}, CONTRADICTED), ("1", {C1: ch1(0.2)}, INCONCLUSIVE),
+    ("1", {C1: ch1(0.4, uniform=0.1)}, INCONCLUSIVE),   # 4x the prompts' own uniform share (6.7x a 64-token one)
     ("2a", {C2: ch2(1.0)}, REPRODUCED), ("2a", {C2: ch2(4.0)}, CONTRADICTED), ("2a", {C2: ch2(2.0)}, INCONCLUSIVE),
     ("3", {C2: ch2()}, REPRODUCED), ("3", {C2: ch2(margin=-0.05)}, CONTRADICTED),
     ("3", {C2: ch2(ns=(5, 10))}, INCONCLUSIVE),

@@ -78,6 +78,13 @@ def test_sink_strength_definition_by_hand():
     zq = sink.logit(ps).mean(-1).numpy()
     assert res2.S == pytest.approx(np.median(zq[-2:]), abs=1e-5)
     assert res.n_queries == 8 + 13
+    # uniform attention's mass over the same queries: a query at position t sees t + 1 keys
+    assert res.uniform == pytest.approx((sum(1 / (t + 1) for t in range(1, 9)) + sum(1 / (t + 1) for t in range(1, 14)))
+                                        / 21)
+    for side in ("left", "right"):   # the same whatever the padding and batching
+        r = sink.sink_strength(lm, input_ids=seqs, last_k_layers=2, padding_side=side,
+                               batch_size=1 if side == "left" else 8)
+        assert r.uniform == pytest.approx(res.uniform)
 
 
 def test_query_start_and_padding_invariance():

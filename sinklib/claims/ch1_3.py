@@ -13,15 +13,20 @@ COST_RATIO_MAX = 1.5    # S is cheap: probe time / plain forward time at most th
 def sink_exists(res):
     doc = res("01_sink_definition")
     r, T = doc["results"], int(doc["parameters"]["max_tokens"])
-    uniform = sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
+    full = sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
     peaks = {p["model"]: p["ratio"] for p in r.get("massive_activation_peak", [])}
     out = {}
     for m, mass in r["mass_last10"].items():
+        uniform = (r.get("uniform_share") or {}).get(m)
+        of = ("over the queries of chapter 1's prompts" if uniform is not None else
+              f"if every prompt had {T} tokens (this run did not store its prompts' lengths; shorter prompts have a "
+              "larger uniform share, so the ratio is an upper bound)")
+        uniform = full if uniform is None else uniform
         ratio = mass / uniform
         v = decide(Est(ratio, ratio, ratio), +1, band=(1.0, SINK_MARGIN - 1e-9), quantity="the mass ratio")
         extra = f"; sink-token norm {peaks[m]:.0f}x the median" if m in peaks else ""
         out[m] = (f"mass on position 0, last 10 layers {mass:.2f}{extra}", v.outcome,
-                  f"{ratio:.0f}x the uniform share {uniform:.3f} of {T}-token prompts (margin rule, no interval: "
+                  f"{ratio:.1f}x the uniform share {uniform:.3f} {of} (margin rule, no interval: "
                   f"at least {SINK_MARGIN:g}x reproduces, at most 1x contradicts)")
     return per_model(out)
 

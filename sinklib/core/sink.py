@@ -175,6 +175,7 @@ class SinkResult:
     n_queries: int
     seconds: float
     params: dict
+    uniform: float = float("nan")  # mean over the same queries of 1 / (keys each can see): uniform attention's mass
 
     @property
     def S_layers(self) -> list[int]:
@@ -256,7 +257,7 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
     layers = list(range(L)) if all_layers else list(range(L - last_k_layers, L))
     H = None
     sum_p = sum_z = None
-    count = 0
+    count, sum_u = 0, 0.0
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # length-sorted batches: less padding
     for b0 in range(0, len(order), batch_size):
         batch = [seqs[i] for i in order[b0:b0 + batch_size]]
@@ -271,11 +272,21 @@ def sink_strength(lm, prompts: Sequence[str] | None = None, *, tokenizer=None, i
         sum_p += (p * w).sum(dim=(0, 3))
         sum_z += (logit(p) * w).sum(dim=(0, 3))
         count += int(rec.valid.sum())
+        sum_u += uniform_mass(att, rec.valid)
     mass = (sum_p / count).numpy()
     z = logit(mass) if aggregate == "mass_then_logodds" else (sum_z / count).numpy()
     S = strength_from_logodds(z, last_k_layers)
     return SinkResult(S=S, mass=mass, logodds=z, layers=layers, last_k_layers=last_k_layers,
-                      n_prompts=len(seqs), n_queries=count, seconds=time.perf_counter() - t0, params=params)
+                      n_prompts=len(seqs), n_queries=count, seconds=time.perf_counter() - t0, params=params,
+                      uniform=sum_u / count)
+
+
+def uniform_mass(attention_mask: torch.Tensor, valid: torch.Tensor) -> float:
+    """The sink mass uniform attention would give, summed over the `valid` queries: 1 / (the real keys a query at
+    position t sees, from the first real token to t), so a sink ratio compares with prompts of the lengths used."""
+    pos = torch.arange(attention_mask.shape[1])[None, :]
+    keys = (pos - first_real_index(attention_mask)[:, None] + 1).clamp(min=1).double()
+    return float((valid.double() / keys).sum())
 
 
 def plain_forward(lm, prompts: Sequence[str], *, tokenizer=None, max_tokens: int = 128, batch_size: int = 8,
