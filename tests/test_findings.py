@@ -135,9 +135,14 @@ def test_tiny_sink_sentence_counts_each_model_once(monkeypatch):
     s = findings.tiny_sinks_by_norm(Results())
     # none|base|s0 is the pilot's base model: counted once
     assert "1 of 2 without QK-norm, 0 of 2 with per-head QK-norm" in s and "No sink formed with QK normalisation" in s
-    assert "with 1 model with a sink in all this is a hint, not a tested difference (Fisher's exact p = 1.00" in s
+    assert "with 1 model with a sink in all it is a hint, not a tested difference (Fisher's exact p = 1.00" in s
+    assert "which the paper does not claim" in s
     _fake(monkeypatch, {"09_sink_panel": _ch9([("base", "per_head", True)], [])})
     assert "No sink formed" not in findings.tiny_sinks_by_norm(Results())
+    one = pilot + [("n_heads:1,d_model:64", "per_head", False), ("n_heads:1,d_model:64", "layerwise", False)]
+    _fake(monkeypatch, {"09_sink_panel": _ch9(one, base)})
+    s = findings.tiny_sinks_by_norm(Results())     # the one-head model is one function: counted once, not twice
+    assert "0 of 3 with per-head QK-norm" in s and "layerwise" not in s.split("(")[0] and "counted once" in s
 
 
 def test_s_by_norm_names_every_model_with_its_qk_norm(monkeypatch):
