@@ -246,9 +246,11 @@ def test_first_token_reading_and_layer_means():
               "nobos": {"default": 0.372, "bos": 0.06, "none": 0.372, "word": 0.35}}
     text = sink.first_token_reading(masses)
     assert "pos: mean sink mass 0.460 with the default first token, 0.430 with its BOS token forced first" in text
-    assert "its sink is positional." in text
-    assert "0.026 with an ordinary word first (6% kept); its sink is tied to its default first token." in text
-    assert "(94% kept); its sink is positional, and a forced BOS token first leaves position 0 only 16% of it." in text
+    assert "its sink is positional: it stays at position 0 whatever ordinary word is there." in text
+    assert ("0.026 with an ordinary word first (6% kept); its sink is tied to its default first token (measured at "
+            "position 0: without that token the attention may sit elsewhere).") in text
+    assert ("(94% kept); its sink is positional: it stays at position 0 whatever ordinary word is there, except its "
+            "own BOS token, which, put first, keeps only 16% of it.") in text
     tokens = {"pos": {"default": "User", "bos": "<|im_start|>", "none": "User", "word": "Hello"},
               "tied": {"default": "<bos>", "bos": "<bos>", "none": "User", "word": "Hello"}}
     text = sink.first_token_reading(masses, first_tokens=tokens)

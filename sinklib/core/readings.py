@@ -115,9 +115,14 @@ def first_token_reading(masses: dict[str, dict[str, float]], ratio: float = 0.5,
         bos = ""
         if "bos" in m:
             bos = f"{m['bos']:.3f} with its BOS token" + (f" ({tok['bos']})" if tok.get("bos") else "") + " forced first, "
-        kind = "positional" if kept >= ratio else "tied to its default first token"
+        positional = kept >= ratio
+        kind = ("positional: it stays at position 0 whatever ordinary word is there" if positional else
+                "tied to its default first token (measured at position 0: without that token the attention may "
+                "sit elsewhere)")
         if "bos" in m and m["default"] > 0 and m["bos"] < ratio * m["default"]:
-            kind += f", and a forced BOS token first leaves position 0 only {m['bos'] / m['default']:.0%} of it"
+            share = f"{m['bos'] / m['default']:.0%}"
+            kind += (f", except its own BOS token, which, put first, keeps only {share} of it" if positional else
+                     f"; its BOS token put first keeps {share} of it")
         parts.append(f"{head}: mean sink mass {m['default']:.3f} with the default first token, {bos}"
                      f"{m['none']:.3f} with no special token and {m['word']:.3f} with an ordinary word first "
                      f"({kept:.0%} kept); its sink is {kind}.")
