@@ -177,17 +177,19 @@ def shared_with_sink(plans: Sequence[Mapping]) -> list[dict]:
 
 def shared_sentence(shared: Mapping[str, Sequence[Mapping]]) -> str:
     """{model: `shared_with_sink` rows} in words: per dose, how many of the sink heads the random sets share."""
-    parts = []
-    for name, rows in shared.items():
-        cells = []
-        for d in sorted({r["dose"] for r in rows}):
-            n = [r["shared"] for r in rows if r["dose"] == d]
-            k = next(r["k"] for r in rows if r["dose"] == d)
-            span = f"{min(n)}" if min(n) == max(n) else f"{min(n)}-{max(n)}"
-            cells.append(f"{span} of {k} at dose {d:g}")
-        if cells:
-            parts.append(f"{name}: {', '.join(cells)}")
+    parts = [f"{name}: {shared_cells(rows)}" for name, rows in shared.items() if rows]
     return "; ".join(parts) or "no random set below dose 1 in this run"
+
+
+def shared_cells(rows: Sequence[Mapping]) -> str:
+    """One model's `shared_with_sink` rows in words: '20-23 of 45 at dose 0.5, ...' (the range over its random
+    sets, per dose)."""
+    cells = []
+    for d in sorted({r["dose"] for r in rows}):
+        n = [r["shared"] for r in rows if r["dose"] == d]
+        k = next(r["k"] for r in rows if r["dose"] == d)
+        cells.append(f"{min(n) if min(n) == max(n) else f'{min(n)}-{max(n)}'} of {k} at dose {d:g}")
+    return ", ".join(cells)
 
 
 def last_layers(model: Any, last_k_layers: int) -> list[int]:

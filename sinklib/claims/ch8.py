@@ -246,6 +246,7 @@ def _shared(doc: dict, model: str) -> str:
     overlap with the sink heads counted (`causal.shared_with_sink`); empty for a run that stored no sink mass."""
     from sinklib import causal
     from sinklib.causal.reading import PREDICTED_DOSES
+    from sinklib.causal.suites import shared_cells
 
     p, mass = doc.get("parameters") or {}, (doc["results"].get("sink_mass") or {}).get(model)
     need = ("last_k_layers", "fractions", "seed")
@@ -257,8 +258,8 @@ def _shared(doc: dict, model: str) -> str:
                               random_draws=int(p.get("random_draws", 1)))
     rows = [r for r in causal.shared_with_sink(plans) if r["dose"] in PREDICTED_DOSES]
     return (f"; the random sets are drawn from every head of the last {len(layers)} layers, the sink heads among "
-            f"them, so they share some of the sink heads ({causal.shared_sentence({model: rows}).split(': ', 1)[1]}),"
-            " which pulls sink minus random toward zero") if rows else ""
+            f"them, so they share some of the sink heads ({shared_cells(rows)}), which pulls sink minus random "
+            "toward zero") if rows else ""
 
 
 def _prediction2(rows: list[dict]) -> str:
