@@ -184,7 +184,9 @@ def test_probe_equals_eager_on_embedded_models(fixture, request):
     rec = sink.record_sink(lm.model, ids, att)
     ref = sink.eager_sink_probs(lm.model, ids, att, rec.sink_index)
     v = rec.valid[:, None, None, :].expand_as(rec.p)
-    assert (rec.p - ref)[v].abs().max().item() <= 1e-5
+    # fp32 rounding: the two paths sum in different orders, and Gemma-3's large attention logits make that reach
+    # 1.3e-5 on some CPUs (2.5e-6 for SmolLM2); an error in the probe shows as 1e-3 or more
+    assert (rec.p - ref)[v].abs().max().item() <= 5e-5
 
 
 def test_short_prompts_can_be_skipped():

@@ -120,12 +120,14 @@ def _margin_z(cells: list[dict], a: str, b: str) -> float:
 def theorem(res):
     r = res("03_perturbation_bound")["results"]
     rnd, real, sl = r["random_layers"], r["real_models"], r["scale_sweep_slopes"]
-    n = 3 * rnd["n_per_variant"] + sum(x["gap_values"] for x in real.values())
+    n_rnd, n_real = 3 * rnd["n_per_variant"], sum(x["gap_values"] for x in real.values())
+    n = n_rnd + n_real
     viol = rnd["violations"] + sum(x["violations"] for x in real.values())
     worst = max(r["adversary"].values())
     s_none, s_ph = sl["random none"]["slope_change"], sl["random per-head"]["slope_change"]
     rmax = max((v.get("max_tightness", 0.0) for v in rnd.values() if isinstance(v, dict)), default=float("nan"))
-    ours = (f"{viol} violations in {n:,} random and real-weight cases; largest tightness (actual change / bound): "
+    ours = (f"{viol} violations in {n:,} cases ({n_rnd:,} random layers and the "
+            f"{n_real:,} gap values of real weights); largest tightness (actual change / bound): "
             f"random draws {rmax:.3f}, the adversary's search {worst:.3f}",
             f"slope of the actual change in input scale: {s_none:.2f} without QK-norm, {s_ph:.3f} per-head")
     ok = abs(s_none - 2) < 0.5 and abs(s_ph) < 0.5

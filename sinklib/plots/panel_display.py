@@ -105,9 +105,10 @@ def summary_tables(summary: dict[str, pd.DataFrame], tasks: Sequence[str] | None
                          "smallest possible p": nums(a.min_attainable_p), "note": a["note"].fillna("")})
     return [("Spearman rho, permutation p-value and intervals",
              tables(_drop_empty(rho), "p: two-sided permutation p-value; p method: how it was computed; CI: intervals for rho")),
-            ("Leave-one-pair-out mean absolute error (points)",
-             tables(_drop_empty(lopo), "MAE, S: predicting each pair's change from S fitted on the others; constant: "
-                                       "the mean of the others")),
+            ("Leave-one-out mean absolute error (points)",
+             tables(_drop_empty(lopo), "each row of the panel (a pair, or a model) left out in turn; MAE, S: "
+                                       "predicting its change from S fitted on the others; constant: the mean of "
+                                       "the others")),
             ("Does S add to the QK-norm type?",
              tables(_drop_empty(arch), "R2: of the change on the QK-norm type (arch), on type + S, and of S on the "
                                        "type; df: residual degrees of freedom; F p, LR p: nested F and likelihood-ratio "
