@@ -176,7 +176,9 @@ def s_by_norm(res: Results) -> str:
     said = (f" {who} has the {'lower' if len(s) == 2 else 'lowest'} S, although the paper's positive correlation and "
             "its per-head pairs losing less would put per-head models higher." if qk.get(lower) == "per_head" else "")
     return (f"S of the real models (chapter 2): {real}.{said}" + (
-        f" On chapter 7's tiny models, where no sink formed, mean S by variant is {means}." if means else ""))
+        f" On chapter 7's tiny models, where no sink formed, mean S by variant is {means} (on their own sequences: "
+        "S falls as prompts lengthen, since uniform attention's share of the first token does, so compare the "
+        "order within each group, not values across them)." if means else ""))
 
 
 def recovery_cost(res: Results) -> str:
