@@ -603,7 +603,9 @@ def test_the_orderings_of_s_within_chapter_2s_noise_bound_the_test():
                          "VL: " + fourpanel.PRIMARY: [Est(change[m], -1, 1) for m in S]})
     text = ch11.ordering_sentence(rows, margins)
     assert "over the 6 orderings of S they allow, rho ranges from -1.00 to -0.20" in text
-    assert "inconclusive in 5, contradicted in 1" in text and "c and d (17 of 25 draws)" in text
+    assert "inconclusive in 5, contradicted in 1" in text
+    assert "c above d, the order measured, holds in only 8 of 25 (N, seed) cells" in text
+    assert "b above d, the order measured, holds in 14 of 25" in text
     assert ch11.ordering_sentence(rows.iloc[:2], margins).startswith("not computed")
     assert ch11.ordering_sentence(rows, margins, name_flips=False).startswith("over the 6 orderings")
 

@@ -362,7 +362,7 @@ def primary_table(rows: pd.DataFrame, rates: Mapping[str, float], S2: Mapping[st
 
 def s_orderings(S: Mapping[str, float], margins: list[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     """The orderings of the models of `S` (highest first) that chapter 2's S allows within its own noise: a pair
-    whose margin never changed sign across chapter 2's prompt draws (`margins`: its 'robustness_margins' rows, a, b,
+    whose margin never changed sign across chapter 2's calibration sets, its (N, seed) cells (`margins`: its 'robustness_margins' rows, a, b,
     'sign flips') keeps its order; a pair whose margin flipped may come either way."""
     from itertools import permutations
 
@@ -385,13 +385,14 @@ def ordering_sentence(rows: pd.DataFrame, margins: list[Mapping[str, Any]], *, n
     change = {m: e.v for m, e in zip(ok.model, ok["VL: " + PRIMARY])}
     if len(S) < 3:
         return "not computed (fewer than three pairs in the test)"
-    flips = [f"{r['a']} and {r['b']} ({r['sign flips']} of {r['cells']} draws)" for r in margins
+    flips = [f"{r['a']} above {r['b']}, the order measured, holds in {'only ' * (2 * r['sign flips'] > r['cells'])}"
+             f"{r['cells'] - r['sign flips']} of {r['cells']} (N, seed) cells" for r in margins
              if r["a"] in S and r["b"] in S and r["sign flips"]]
     tests = [primary_test({m: -o.index(m) for m in o}, change) for o in s_orderings(S, margins)]
     rhos = [t["rho"] for t in tests]
     outcomes = Counter(primary_verdict(t).outcome for t in tests)
     said = ", ".join(f"{k} in {n}" for k, n in outcomes.most_common())
-    head = f"the pairs whose S ordering flips across chapter 2's prompt draws: {'; '.join(flips) or 'none'}; " \
+    head = f"the pairs whose S ordering flips across chapter 2's calibration sets: {'; '.join(flips) or 'none'}; " \
         if name_flips else ""
     return (f"{head}over the {len(tests)} orderings of S they allow, rho ranges from {min(rhos):+.2f} to "
             f"{max(rhos):+.2f} and the outcome would be {said}")
