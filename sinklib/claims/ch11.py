@@ -311,9 +311,10 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
             if r["VL: " + PRIMARY] is not None and r["VL: " + PRIMARY].hi < 0]
     said = "; ".join(f"{m} {iv(e)} points{at(m)}" for m, e in lost)
     v = primary_verdict(primary)
-    out = [f"VL adaptation through LoRA cost strict instruction format beyond the paired noise in {len(lost)} of the "
-           f"{len(tested)} tested pairs" + (f" ({said})" if lost else "") + ", each model at a rate of a fixed grid "
-           "chosen by whether it learned the image task and kept its knowledge.",
+    out = [f"VL adaptation through LoRA lowered strict instruction format, against each base model, beyond the "
+           f"paired noise in {len(lost)} of the {len(tested)} tested pairs" + (f" ({said})" if lost else "") + ", each model "
+           "at a rate of a fixed grid chosen by whether it learned the image task and kept its knowledge; whether the "
+           "image or the fine-tuning itself costs it is the text-only control's question (section 11.5).",
            f"{_ORDER[v.outcome]}: " + (f"Spearman ρ {signed(primary['rho'], 2, minus)} over {primary['n']} pairs, "
                                         f"one-sided exact p {primary['p']:.3f} ({v.outcome})." if primary["n"] >= 3
                                         else f"{v.why}.")]
