@@ -98,12 +98,13 @@ def recorded_version(root: Path, path: Path, sha: str | None) -> bytes | None:
 
 #: how far a rerun's number may move and still be "the same" for its readers (`compare.diff_values`' rule:
 #: absolute below 1, relative above): chapter 2 rerun on other CPUs moved S by up to 2.2e-6 (session 51) and 2e-7
-#: (session 56), float rounding; the pages print at most four decimals
+#: (session 56), float rounding; the pages print at most four decimals (`make reproduce` compares a whole rerun
+#: with the committed results at its own, stricter TOL=1e-6: a report, not a reader's freshness)
 SAME_TOL = 1e-5
 
 
 def same_numbers(root: Path, path: Path, sha: str | None) -> bool | None:
-    """Whether results file `path` now holds exactly the numbers and texts of its version with sha256 `sha` (a
+    """Whether results file `path` now holds the same numbers and texts as its version with sha256 `sha` (a
     rerun of the chapter that wrote it), provenance, timings and paths aside (`sinklib.book.compare.IGNORED_KEYS`:
     no reader's result depends on them), numbers to `SAME_TOL` (another CPU's float rounding moves them in the
     sixth or seventh digit, below anything a page prints). None when that version is not in this clone's git

@@ -312,9 +312,10 @@ def short_summary(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping
     said = "; ".join(f"{m} {iv(e)} points{at(m)}" for m, e in lost)
     v = primary_verdict(primary)
     out = [f"VL adaptation through LoRA lowered strict instruction format, against each base model, beyond the "
-           f"paired noise in {len(lost)} of the {len(tested)} tested pairs" + (f" ({said})" if lost else "") + ", each model "
-           "at a rate of a fixed grid chosen by whether it learned the image task and kept its knowledge; whether the "
-           "image or the fine-tuning itself costs it is the text-only control's question (section 11.5).",
+           f"paired noise in {len(lost)} of the {len(tested)} tested pairs" + (f" ({said})" if lost else "")
+           + ", each model at a rate of a fixed grid chosen by whether it learned the image task and kept its "
+           "knowledge; whether the image or the fine-tuning itself costs it is the text-only control's question "
+           "(section 11.5).",
            f"{_ORDER[v.outcome]}: " + (f"Spearman ρ {signed(primary['rho'], 2, minus)} over {primary['n']} pairs, "
                                         f"one-sided exact p {primary['p']:.3f} ({v.outcome})." if primary["n"] >= 3
                                         else f"{v.why}.")]
@@ -363,8 +364,9 @@ def primary_table(rows: pd.DataFrame, rates: Mapping[str, float], S2: Mapping[st
 
 def s_orderings(S: Mapping[str, float], margins: list[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     """The orderings of the models of `S` (highest first) that chapter 2's S allows within its own noise: a pair
-    whose margin never changed sign across chapter 2's calibration sets, its (N, seed) cells (`margins`: its 'robustness_margins' rows, a, b,
-    'sign flips') keeps its order; a pair whose margin flipped may come either way."""
+    whose margin never changed sign over chapter 2's calibration sets, its (N, seed) cells (`margins`: its
+    'robustness_margins' rows, a, b, 'sign flips'), keeps its order; a pair whose margin flipped may come either
+    way."""
     from itertools import permutations
 
     fixed = {(r["a"], r["b"]) if S[r["a"]] > S[r["b"]] else (r["b"], r["a"]) for r in margins
