@@ -7,6 +7,7 @@ import pytest
 from sinklib.book import runner as book
 from sinklib import claims
 from sinklib.claims import INCONCLUSIVE, NOT_REPRODUCED, NOT_RUN, NOT_TESTABLE, REPRODUCED, Est
+from sinklib.claims.core import render, verdict_words
 from sinklib.stats.verdicts import CONTRADICTED, NOT_TESTED, decide, est
 from sinklib.errors import ResultsMissing
 from sinklib.book.reported import reported_values
@@ -402,9 +403,17 @@ def test_row_7a_on_chapter_11_names_its_design_and_the_stopped_ones(monkeypatch)
     _fake(monkeypatch, {C5: ch5(), C11: ch11(0.4, p=0.33, p_reverse=0.75, interim=True, sensitivity=sens)})
     ours = claims.evaluate(BY_ID["7a"]).row.ours
     assert ours[0].endswith("written after three pairs were seen; an interim look at the first training seed only; "
-                            "the change is the strict pass rate of chapter 11's instruction suite)")
+                            "once written it could no longer end reproduced, only inconclusive or contradicted: two "
+                            "pairs seen before it already broke the paper's order (section 11.1); the change is the "
+                            "strict pass rate of chapter 11's instruction suite)")
     assert ours[2] == "sensitivity analysis, every model at one rate: ρ = +0.50, one-sided exact p = 0.500, inconclusive"
-    assert claims.evaluate(BY_ID["7a"]).row.reason.startswith("interim look (the first training seed, no controls")
+    assert ours[3].startswith("leave-one-pair-out error: not computed on chapter 11's pairs")
+    row = claims.evaluate(BY_ID["7a"]).row
+    assert row.reason.startswith("interim look (the first training seed, no controls")
+    assert verdict_words(row) == "inconclusive (on an interim look)"  # every page marks it so, the table too
+    assert "  - **inconclusive (on an interim look)**" in render([claims.evaluate(BY_ID["7a"])]).splitlines()
+    _fake(monkeypatch, {C5: ch5(), C11: ch11(0.4, p=0.33, p_reverse=0.75, lr_rule="frozen")})
+    assert "could no longer end reproduced" not in claims.evaluate(BY_ID["7a"]).row.ours[0]  # only the main design's
 
 
 def test_every_computed_claim_has_three_cases():

@@ -381,6 +381,24 @@ def test_a_pair_left_out_says_why_with_its_numbers():
     assert ch11.precondition_sentence(ok).endswith("(learned at every seed); knowledge +5.0 [+1.3, +8.7] points (held)")
 
 
+def test_the_stopped_designs_say_what_the_frozen_rate_cost_the_qwen_model():
+    """The design box quotes Qwen2.5-Coder-0.5B's knowledge and strict instruction changes at the frozen rate (both
+    seen before the second amendment) from the pre-registered design's rows; a profile without them says so."""
+    import pandas as pd
+
+    from sinklib.claims import ch11
+    from sinklib.stats.verdicts import Est
+
+    rec = {**RECIPE, "calibrated_on": "smollm2-135m", "lr_lm": 2e-3}
+    frozen = pd.DataFrame([{"model": "qwen2.5-coder-0.5b", "S": -0.5, "precondition": False, "VQA": 30.0,
+                            "majority": 38.0, "learned": False, "VL: knowledge acc": Est(-30.0, -35.0, -25.0),
+                            "VL: " + fourpanel.PRIMARY: Est(-27.2, -31.0, -23.4)}])
+    out = ch11.stopped_texts({"frozen": frozen}, rec)
+    assert out["p11_qwen_knowledge"] == "30.0" and out["p11_qwen_strict"] == "-27.2 [-31.0, -23.4] points"
+    assert out["p11_gemma_knowledge"].startswith("many") and out["p11_primary_am1"] == "not run in this profile"
+    assert ch11.stopped_texts({}, rec)["p11_qwen_strict"] == "not measured in this profile"
+
+
 def test_the_rate_grid_steps_by_a_fifth_and_its_second_rate_is_the_first_amendments():
     from sinklib.adapt import ratechoice
 
@@ -511,7 +529,9 @@ def test_the_chapter_ends_with_its_findings_in_words():
     assert [ln.split(" ")[1] for ln in lines[2:5]] == ["a", "c", "b"]                 # in order of base S
     assert "at rate 2e-3: strict instructions -25.0 [" in lines[2] and "(a loss beyond the paired noise)" in lines[2]
     assert "at no rate of the grid" in lines[3] and "left out (c: VQA" in lines[3]
-    assert "fell beyond the paired noise in 1 of the 2 tested pairs (a)" in lines[5]
+    assert ("fine-tuning in the VL recipe lowered strict format beyond the item-level paired noise in 1 of the 2 "
+            "tested pairs (a) (against the base model: whether the image or the fine-tuning itself costs it waits "
+            "for the text-only control)") in lines[5]
     assert "prediction 6's (at most two) held; prediction 2 (at least three of four, least in the 1.5B model) was " \
            "written for the frozen rate and cannot be judged as written; at the chosen rates it would have failed" in lines[5]
     assert "prediction 3 (the primary test inconclusive) could not be judged (the test did not run)" in lines[5]
@@ -645,6 +665,12 @@ def test_the_summary_says_which_losses_stay_outside_the_noise_by_instruction_typ
     text = ch11.findings(rows, ch11.primary_of(rows), by_type="a sentence")
     assert text.splitlines()[-1] == ("- **Items or instruction types** (a check added after the interim look; it "
                                      "changes no verdict): a sentence.")
+    led = ch11.findings(rows, ch11.primary_of(rows), typed={"a": Est(-25.0, -40.0, 2.0)}, orderings="an order")
+    assert ("fine-tuning in the VL recipe, with the instruction types resampled, lowered strict format beyond the "
+            "noise in 0 of 1 tested pairs; item by item it lowered strict format beyond the item-level paired noise "
+            "in 1 of the 3 tested pairs (a)") in led                        # the type-resampled count comes first
+    assert led.splitlines()[-1] == ("- **How firm the order by S is** (a description: the rule reads S as measured): "
+                                    "an order.")
 
 
 def test_pair_records_store_changes_as_lists():

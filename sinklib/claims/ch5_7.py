@@ -104,10 +104,13 @@ def _four_panel(r: dict) -> Row:
     n = next((x["n"] for b in (r.get("base") or {}).values() for x in b["scores"] if (x["suite"], x["metric"]) ==
               ("instructions", "strict")), None)
     suite = f"{n}-item instruction suite" if n else "instruction suite"
-    ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look}; the change is the strict pass rate of chapter 11's "
+    reach = ("; once written it could no longer end reproduced, only inconclusive or contradicted: two pairs seen "
+             "before it already broke the paper's order (section 11.1)" if rule == "precondition-chosen" else "")
+    ours = ((f"{said} (chapter 11, {_DESIGNS[rule]}{look}{reach}; the change is the strict pass rate of chapter 11's "
              f"{suite})",) + ((f"stopped designs: {stopped}",) if stopped else ())
             + ((f"sensitivity analysis, every model at one rate: ρ = {num(st['rho'], 2)}, one-sided exact p = "
-                f"{st['p']:.3f}, {primary_verdict(st).outcome}",) if sens else ()))
+                f"{st['p']:.3f}, {primary_verdict(st).outcome}",) if sens else ())
+            + ("leave-one-pair-out error: not computed on chapter 11's pairs (the row rests on its primary test)",))
     why = (f"{INTERIM} (the first training seed, no controls; the confirmatory look may change the verdict): "
            if r.get("interim") else "") + v.why
     return Row(ours, v.outcome, why)

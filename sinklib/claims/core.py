@@ -38,6 +38,12 @@ class Row:
     tests: int = 1          # how many tests (one per model, or per setting) the verdict rests on
 
 
+def verdict_words(row: Row) -> str:
+    """A row's outcome as every page words it: the verdict, marked when it rests on an interim look (its reason
+    begins with `INTERIM`), so that no page shows an interim verdict bare."""
+    return row.verdict + (" (on an interim look)" if row.reason.startswith(INTERIM) else "")
+
+
 @dataclass(frozen=True)
 class Claim:
     id: str
@@ -202,8 +208,8 @@ def render(evaluated: list[Evaluated]) -> str:
         meta = " · ".join(x for x in (where, ", ".join(e.models), f"profile {e.profile}" if e.profile else "") if x)
         ours = ((f"*Not measured*: {r.reason}",) if r.ours == ("—",) and r.reason else
                 r.ours + ((f"*Why*: {r.reason}",) if r.reason else ()))
-        out += [f"* - {c.id}", f"  - **{r.verdict}**", f"  - {_cell([c.text, meta])}", f"  - {paper_text(c)}",
-                f"  - {_cell(ours)}"]
+        out += [f"* - {c.id}", f"  - **{verdict_words(r)}**", f"  - {_cell([c.text, meta])}",
+                f"  - {paper_text(c)}", f"  - {_cell(ours)}"]
     return "\n".join(out + ["```", ""])
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinklib.claims.core import CH4, CH7, CH8, CH11, INTERIM, Evaluated, Results, pooled, strict_metrics, tally_text
+from sinklib.claims.core import (CH4, CH7, CH8, CH11, INTERIM, Evaluated, Results, pooled, strict_metrics,
+                                 tally_text, verdict_words)
 from sinklib.core.words import qk_norm_words
 from sinklib.errors import ResultsMissing
 from sinklib.stats.verdicts import Est, est, num, t_interval
@@ -288,8 +289,7 @@ FINDINGS = (s_by_norm, head_ablation, s_trajectory, recovery_cost, tiny_sinks_by
 
 
 def _verdicts_sentence(evaluated: list[Evaluated]) -> str:
-    v = {e.claim.id: e.row.verdict + (" (on an interim look)" if e.row.reason.startswith(INTERIM) else "")
-         for e in evaluated}
+    v = {e.claim.id: verdict_words(e.row) for e in evaluated}
     named = (("5a", "VL adaptation erodes format but not knowledge"), ("6a", "text-only training is harmless"),
              ("6c", "S falls under VL"), ("7a", "S predicts the loss across pairs"))
     parts = [f"{what} (row {i}): **{v[i]}**" for i, what in named if i in v]
@@ -334,7 +334,7 @@ def chapter_found(stem: str, evaluated: list[Evaluated]) -> str:
     for e in (e for e in evaluated if stem == e.claim.chapter or stem in e.decided_by):
         body = "; ".join(o for o in e.row.ours if o != "—")
         why = f" Why: {e.row.reason}" if e.row.reason else ""
-        lines.append(f"- **Row {e.claim.id}, {e.row.verdict}.** {e.claim.text}. {body}{why}".rstrip())
+        lines.append(f"- **Row {e.claim.id}, {verdict_words(e.row)}.** {e.claim.text}. {body}{why}".rstrip())
     lines += [f"- {x}" for x in (_safe(fn, res) for fn in CHAPTER_FINDINGS.get(stem, ())) if x]
     if not lines:
         return ""
