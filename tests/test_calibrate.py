@@ -71,6 +71,7 @@ def test_display_and_figure_draw_every_point():
     shown = calibrate.display(t)
     rule, rest = shown
     assert len(rule.frame) == len(rest.frame) == 3 and "qualifies" in rule.frame.columns and "S" in rest.frame.columns
+    assert "; the base model: " in rest.legend and f"S {t['S base'].iloc[0]:.3f}." in rest.legend  # read against
     from sinklib import plots
     assert all(part.width_px() <= plots.COLUMN_PX for part in shown)
     fig = calibrate.figure(t, "m")

@@ -241,7 +241,15 @@ def display(t: pd.DataFrame, what: str = "Calibration sweep"):
                   "95 % interval against the blind majority answer. 'qualifies': " + RULE + "."),
             Table(frame[[c for c in frame.columns if c not in rule]],
                   f"{what}, the other measurements of the same snapshots (perplexity in its own units; "
-                  "S of the adapted model).")]
+                  f"S of the adapted model){_base_note(t)}.")]
+
+
+def _base_note(t: pd.DataFrame) -> str:
+    """The base model's own perplexity and S, which the other measurements' table is read against."""
+    said = [f"{name} {t[col].iloc[0]:{fmt}}" for col, name, fmt in (("perplexity ppl base", "perplexity", ".2f"),
+                                                                       ("S base", "S", ".3f"))
+            if col in t and len(t) and t[col].iloc[0] == t[col].iloc[0]]
+    return f"; the base model: {', '.join(said)}" if said else ""
 
 
 def figure(t: pd.DataFrame, model: str):
