@@ -217,9 +217,14 @@ def _typed_count(typed: Mapping[str, Any] | None, tested: pd.DataFrame) -> str:
             f"{sum(e.hi < 0 for e in es)} of {len(es)} tested pairs; item by item it") if es else ""
 
 
+def _has_control(rows: pd.DataFrame) -> bool:
+    """Whether some pair has its text-only control (its controlled contrast, VL minus text-only)."""
+    return any(e is not None for e in rows["VL minus text-only: " + PRIMARY])
+
+
 def _uncontrolled(rows: pd.DataFrame) -> str:
     """Said while no pair has its text-only control: the loss is against the base model, not yet the control."""
-    if any(e is not None for e in rows["VL minus text-only: " + PRIMARY]):
+    if _has_control(rows):
         return ""
     return (" (against the base model: whether the image or the fine-tuning itself costs it waits for the text-only "
             "control)")
@@ -252,7 +257,7 @@ def _prediction1_line(frozen: pd.DataFrame | None, rows: pd.DataFrame) -> list[s
 
 def _controls_line(rows: pd.DataFrame) -> list[str]:
     """Predictions 4 and 5 wait for the controls: said while no pair has its text-only control."""
-    if any(e is not None for e in rows["VL minus text-only: " + PRIMARY]):
+    if _has_control(rows):
         return []
     return ["- Predictions 4 and 5 (the text-only and the random control) are not judged: the controls have not "
             "run yet."]
