@@ -682,3 +682,49 @@ def test_pair_records_store_changes_as_lists():
     rows = pd.DataFrame([{"model": "a", "VL: x": Est(-1.0, -2.0, 0.5), "precondition": True}])
     assert ch11.records(rows) == [{"model": "a", "VL: x": [-1.0, -2.0, 0.5], "precondition": True}]
     assert ch11.rows_of(ch11.records(rows)).loc[0, "VL: x"] == Est(-1.0, -2.0, 0.5)
+
+
+def test_the_controls_judge_predictions_4_and_5_once_they_have_run():
+    """Prediction 4 held with three contrasts in the noise, failed when too few can still be, not judged while the
+    missing controls could decide it; the text-only control's math says whether the format or more was lost;
+    prediction 5 fails where the matched random change costs more than VL beyond the noise."""
+    from sinklib.claims import ch11
+
+    def ev(instr, math_s=10, math_l=20, vqa=(0.9, 200)):
+        e = _ev(instr, 30, vqa=vqa)
+        e["outcomes"].update({"math strict": [i < math_s for i in range(40)],
+                              "math lenient": [i < math_l for i in range(40)]})
+        return e
+
+    base = {m: _ev(30, 30, S=s) for m, s in zip("abcd", (0.9, 0.5, 0.1, -0.1))}
+    vl = {(m, 0, "vl"): ev(28) for m in "abcd"}
+    to = {("a", 0, "text_only"): ev(10, 0, 19), ("b", 0, "text_only"): ev(28, 0, 2), ("c", 0, "text_only"): ev(29)}
+    rows = ch11.pair_rows({"base": base, "evals": {**vl, **to}}, 0, 48)
+    text = ch11.findings(rows, ch11.primary_of(rows))
+    p4 = next(ln for ln in text.splitlines() if ln.startswith("- **Prediction 4**"))
+    assert "is not judged yet (3 of 4 models have run the control)" in p4      # d could still make it three
+    assert "within the noise in 2 (b, c); the text-only control cost more in 1 (a), VL more in 0 (none)" in p4
+    assert "Predictions 4 and 5 (the text-only and the random control) are not judged" not in text
+    m = next(ln for ln in text.splitlines() if ln.startswith("- **The text-only control and math**"))
+    assert "a: strict -25.0 [" in m and "lenient math held, so what it lost is the answer format" in m
+    assert "b: strict -25.0 [" in m and "lenient math fell too, so the model lost more than the answer format" in m
+    assert "c: strict 0.0 [0.0, 0.0], lenient 0.0 [0.0, 0.0] points (neither fell beyond the noise)" in m
+    four = ch11.pair_rows({"base": base, "evals": {**vl, **to, ("d", 0, "text_only"): ev(10)}}, 0, 48)
+    assert "(the text-only control costs strict instruction format about as much as VL: VL minus text-only " \
+           "contains zero in at least three models) failed:" in ch11.findings(four, ch11.primary_of(four))
+    held = ch11.pair_rows({"base": base, "evals": {**vl, **to, ("d", 0, "text_only"): ev(27)}}, 0, 48)
+    assert "at least three models) held:" in ch11.findings(held, ch11.primary_of(held))
+    panel = {"base": base, "evals": vl, "random": {"a": {"kl": {"vl": {"kl": 0.01}}, "size": 6.3,
+                                                         "evaluation": _ev(12, 30)},
+                                                   "b": {"kl": {"vl": {"kl": 0.02}}, "size": 2.0,
+                                                         "evaluation": _ev(28, 30)}}}
+    rnd = ch11.random_rows(panel, 0, list("abcd"))
+    t5 = ch11.findings(held, ch11.primary_of(held), rnd=rnd)
+    p5 = next(ln for ln in t5.splitlines() if ln.startswith("- **Prediction 5**"))
+    assert "failed: random minus VL of strict instructions, at the first training seed" in p5
+    assert "beyond the noise below zero in 1 (a); no matched evaluation for c, d" in p5
+    both = ch11.random_rows({**panel, "random": {m: panel["random"]["b"] for m in "abcd"}}, 0, list("abcd"))
+    assert "costs strict format no more than VL) held:" in ch11.findings(held, ch11.primary_of(held), rnd=both)
+    assert "is not judged yet (1 of 4 models" in ch11.findings(
+        held, ch11.primary_of(held), rnd=ch11.random_rows({**panel, "random": {"b": panel["random"]["b"]}}, 0,
+                                                          list("abcd")))

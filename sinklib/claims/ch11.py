@@ -14,6 +14,7 @@ import pandas as pd
 
 from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows, records  # noqa: F401
 from sinklib.adapt.primary import PRIMARY, primary_test
+from sinklib.claims.ch11controls import controls_lines, uncontrolled
 from sinklib.adapt.calibrate import rate as rate_text
 from sinklib.core.numbers import interval
 
@@ -159,13 +160,15 @@ def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str,
              interim: bool = False, second_rate: float | None = None,
              sensitivity: tuple[pd.DataFrame, Mapping[str, Any]] | None = None,
              frozen: pd.DataFrame | None = None, by_type: str | None = None,
-             typed: Mapping[str, Any] | None = None, orderings: str | None = None) -> str:
+             typed: Mapping[str, Any] | None = None, orderings: str | None = None,
+             rnd: pd.DataFrame | None = None) -> str:
     """What the panel found, in words with its numbers, for the end of the chapter: the answer to the chapter's
     question, the primary test's outcome by the book's rule (`fourpanel.primary_verdict`, labelled an interim look
     when `interim`), each pair in order of base S (its rate where the design chose one, its VL change of strict
     instructions, its knowledge change, in or out of the test), the outcome of predictions 2, 3 and 6 of section
     11.1 (6's rates against `second_rate`), prediction 1 at the frozen rate (`frozen`: the pre-registered design's
-    rows) and at the chosen ones, whether the controls (predictions 4 and 5) have run, and the sensitivity analysis
+    rows) and at the chosen ones, the controls against predictions 4 and 5 (`ch11controls.controls_lines`; `rnd`:
+    `random_rows`), and the sensitivity analysis
     (`sensitivity`: its pair rows and primary test) with prediction 7, and the intervals with the instruction
     types resampled (`by_type`: `sinklib.evals.clustered.sentence`; `typed`: {model: Est} of the same, which the
     count of losses leads with), and how firm the order by S is (`orderings`: `ordering_sentence`). Markdown, one
@@ -191,13 +194,13 @@ def findings(rows: pd.DataFrame, primary: Mapping[str, Any], rates: Mapping[str,
             p3 += " (in the main design it could end only inconclusive or contradicted, section 11.1)"
         out.append(f"- Against the predictions of section 11.1 (written for item-level intervals): fine-tuning in "
                    f"the VL recipe{_typed_count(typed, tested)} lowered strict format beyond the item-level paired "
-                   f"noise in {k} of the {n} tested pairs{named}{_uncontrolled(rows)}, so prediction 6's (at most "
+                   f"noise in {k} of the {n} tested pairs{named}{uncontrolled(rows)}, so prediction 6's (at most "
                    f"two) {'held' if k <= 2 else 'failed'}; "
                    f"prediction 2 (at least three of four, least in the 1.5B model) was written for the frozen rate "
                    f"and cannot be judged as written; at the chosen rates it would have {'held' if k >= 3 else 'failed'}"
                    f"{_largest_loss(tested)}; prediction 3 (the primary test inconclusive) {p3}."
                    + _rates_line(rates, second_rate))
-    out += _prediction1_line(frozen, rows) + _controls_line(rows)
+    out += _prediction1_line(frozen, rows) + controls_lines(rows, rnd)
     if orderings:
         out.append(f"- **How firm the order by S is** (a description: the rule reads S as measured): {orderings}.")
     if sensitivity is not None:
@@ -215,19 +218,6 @@ def _typed_count(typed: Mapping[str, Any] | None, tested: pd.DataFrame) -> str:
     es = [typed[m] for m in tested.model if has_interval((typed or {}).get(m))]
     return (f", with the instruction types resampled, lowered strict format beyond the noise in "
             f"{sum(e.hi < 0 for e in es)} of {len(es)} tested pairs; item by item it") if es else ""
-
-
-def _has_control(rows: pd.DataFrame) -> bool:
-    """Whether some pair has its text-only control (its controlled contrast, VL minus text-only)."""
-    return any(e is not None for e in rows["VL minus text-only: " + PRIMARY])
-
-
-def _uncontrolled(rows: pd.DataFrame) -> str:
-    """Said while no pair has its text-only control: the loss is against the base model, not yet the control."""
-    if _has_control(rows):
-        return ""
-    return (" (against the base model: whether the image or the fine-tuning itself costs it waits for the text-only "
-            "control)")
 
 
 def _largest_loss(tested: pd.DataFrame, model: str = "qwen2.5-coder-1.5b") -> str:
@@ -253,14 +243,6 @@ def _prediction1_line(frozen: pd.DataFrame | None, rows: pd.DataFrame) -> list[s
             f"{'failed' if bad else 'held'} at the frozen rate ({', '.join(bad) or 'every model passed'}"
             f"{' did not' if bad else ''}; the pre-registered design's jobs, section 11.1); at the rates this design "
             f"chose, {ok} of {len(rows)} pairs passed."]
-
-
-def _controls_line(rows: pd.DataFrame) -> list[str]:
-    """Predictions 4 and 5 wait for the controls: said while no pair has its text-only control."""
-    if _has_control(rows):
-        return []
-    return ["- Predictions 4 and 5 (the text-only and the random control) are not judged: the controls have not "
-            "run yet."]
 
 
 def _pair_line(r, rates) -> str:
