@@ -702,7 +702,7 @@ def test_the_controls_judge_predictions_4_and_5_once_they_have_run():
     rows = ch11.pair_rows({"base": base, "evals": {**vl, **to}}, 0, 48)
     text = ch11.findings(rows, ch11.primary_of(rows))
     p4 = next(ln for ln in text.splitlines() if ln.startswith("- **Prediction 4**"))
-    assert "is not judged yet (3 of 4 models have run the control)" in p4      # d could still make it three
+    assert "is not judged yet (3 of the 4 models that can run it have)" in p4      # d could still make it three
     assert "within the noise in 2 (b, c); the text-only control cost more in 1 (a), VL more in 0 (none)" in p4
     assert "Predictions 4 and 5 (the text-only and the random control) are not judged" not in text
     m = next(ln for ln in text.splitlines() if ln.startswith("- **The text-only control and math**"))
@@ -714,6 +714,8 @@ def test_the_controls_judge_predictions_4_and_5_once_they_have_run():
            "contains zero in at least three models) failed:" in ch11.findings(four, ch11.primary_of(four))
     held = ch11.pair_rows({"base": base, "evals": {**vl, **to, ("d", 0, "text_only"): ev(27)}}, 0, 48)
     assert "at least three models) held:" in ch11.findings(held, ch11.primary_of(held))
+    gone = rows.assign(precondition=[True, True, True, False])   # d passed no rate: it runs no control
+    assert "at least three models) failed:" in ch11.findings(gone, ch11.primary_of(gone))
     panel = {"base": base, "evals": vl, "random": {"a": {"kl": {"vl": {"kl": 0.01}}, "size": 6.3,
                                                          "evaluation": _ev(12, 30)},
                                                    "b": {"kl": {"vl": {"kl": 0.02}}, "size": 2.0,

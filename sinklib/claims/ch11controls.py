@@ -39,14 +39,16 @@ def _iv(e) -> str:
 
 def prediction4(rows: pd.DataFrame) -> str:
     """Prediction 4 (VL minus text-only contains zero in at least three models): held when three do, failed when
-    too few can still do so, else not judged yet; each model's contrast in words (which condition cost more)."""
+    too few can still do so (a pair whose precondition failed runs no control), else not judged yet; each model's
+    contrast in words (which condition cost more)."""
     have = {m: e for m, e in zip(rows.model, rows[CONTRAST]) if e is not None}
     zero = [m for m, e in have.items() if e.lo <= 0 <= e.hi]
     more_to = [m for m, e in have.items() if e.lo > 0]   # VL kept more than text-only: text-only cost more
     more_vl = [m for m, e in have.items() if e.hi < 0]
-    missing = len(rows) - len(have)
+    can = rows[rows.precondition]  # a model that passed no rate runs no control (section 11.1)
+    missing = sum(m not in have for m in can.model)
     word = ("held" if len(zero) >= 3 else "failed" if len(zero) + missing < 3 else
-            f"is not judged yet ({len(have)} of {len(rows)} models have run the control)")
+            f"is not judged yet ({len(have)} of the {len(can)} models that can run it have)")
     each = "; ".join(f"{m} {_iv(e)}" for m, e in have.items())
     return (f"- **Prediction 4** (the text-only control costs strict instruction format about as much as VL: VL minus "
             f"text-only contains zero in at least three models) {word}: VL minus text-only, pooled over the training "
