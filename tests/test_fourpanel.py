@@ -707,7 +707,7 @@ def test_the_controls_judge_predictions_4_and_5_once_they_have_run():
     assert "Predictions 4 and 5 (the text-only and the random control) are not judged" not in text
     m = next(ln for ln in text.splitlines() if ln.startswith("- **The text-only control and math**"))
     assert "a: strict -25.0 [" in m and "lenient math held, so what it lost is the answer format" in m
-    assert "b: strict -25.0 [" in m and "lenient math fell too, so the model lost more than the answer format" in m
+    assert "b: strict -25.0 [" in m and "lenient math fell too, so it lost right answers, not only their format" in m
     assert "c: strict 0.0 [0.0, 0.0], lenient 0.0 [0.0, 0.0] points (neither fell beyond the noise)" in m
     four = ch11.pair_rows({"base": base, "evals": {**vl, **to, ("d", 0, "text_only"): ev(10)}}, 0, 48)
     assert "(the text-only control costs strict instruction format about as much as VL: VL minus text-only " \

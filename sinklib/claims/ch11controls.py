@@ -65,7 +65,7 @@ def text_only_math(rows: pd.DataFrame) -> str:
         s, le = r["text-only: math strict"], r["text-only: math lenient"]
         if s is None or le is None:
             continue
-        what = ("lenient math fell too, so the model lost more than the answer format" if le.hi < 0 else
+        what = ("lenient math fell too, so it lost right answers, not only their format" if le.hi < 0 else
                 "lenient math held, so what it lost is the answer format" if s.hi < 0 else
                 "neither fell beyond the noise")
         parts.append(f"{r.model}: strict {_iv(s)}, lenient {_iv(le)} points ({what})")
