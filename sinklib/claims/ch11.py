@@ -14,8 +14,8 @@ import pandas as pd
 
 from sinklib.adapt.panelrows import METRICS, condition_name, outcomes_doc, pair_rows, records  # noqa: F401
 from sinklib.adapt.primary import PRIMARY, primary_test
-from sinklib.claims.ch11controls import controls_lines, uncontrolled
 from sinklib.adapt.calibrate import rate as rate_text
+from sinklib.claims.ch11controls import controls_lines, uncontrolled
 from sinklib.core.numbers import interval
 
 def display(rows: pd.DataFrame):

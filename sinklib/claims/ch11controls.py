@@ -1,6 +1,6 @@
 """Chapter 11's controls against its predictions 4 and 5 (section 11.1), in words with their numbers: the text-only
 control (VL minus text-only of strict instructions, pooled over the training seeds, and what the text-only control
-did to math: the answer format alone, or the arithmetic too) and the random control matched to VL on the
+did to math: the answer format alone, or right answers too) and the random control matched to VL on the
 next-token KL (random minus VL, at the first training seed, whose VL change gives the random direction). Each
 prediction is judged held, failed, or not judged yet, from the rows alone: a prediction that the missing controls
 could still decide is not judged."""
@@ -58,8 +58,8 @@ def prediction4(rows: pd.DataFrame) -> str:
 
 def text_only_math(rows: pd.DataFrame) -> str:
     """What the text-only control did to math, per model that ran it: strict math alone beyond the noise (the
-    answer format, which no training template shares with the math items), lenient math too (the arithmetic, or
-    the answer's number itself), or neither."""
+    answer format, which no training template shares with the math items), lenient math too (right answers), or
+    neither."""
     parts = []
     for _, r in rows.iterrows():
         s, le = r["text-only: math strict"], r["text-only: math lenient"]
@@ -73,10 +73,10 @@ def text_only_math(rows: pd.DataFrame) -> str:
             "template collides with a math item, section 11.2): " + "; ".join(parts) + ".") if parts else ""
 
 
-def prediction5(rnd: pd.DataFrame | None) -> str:
+def prediction5(rnd: pd.DataFrame | None, can: Sequence[str]) -> str:
     """Prediction 5 (the random control at VL's next-token KL costs strict format no more than VL): failed where
-    random minus VL lies beyond the noise below zero in some model, held when none does and every model that has
-    a VL change has run it, else not judged yet."""
+    random minus VL lies beyond the noise below zero in some model, held when none does and every model of `can`
+    (those whose pair passed, the only ones that run controls) has run it, else not judged yet."""
     if rnd is None or not len(rnd):
         return ""
     col = "random minus VL: " + PRIMARY
@@ -85,10 +85,11 @@ def prediction5(rnd: pd.DataFrame | None) -> str:
         return ("- **Prediction 5** (the random control at VL's next-token KL costs strict format no more than VL) "
                 "is not judged: no random control was evaluated in this run.")
     worse = [m for m, e in ran.items() if e[2] < 0]
-    word = ("failed" if worse else "held" if len(ran) == len(rnd) else
-            f"is not judged yet ({len(ran)} of {len(rnd)} models have run the control)")
+    waiting = [m for _, r in rnd.iterrows() if (m := r.model) in can and r.note == "not run in this run"]
+    word = ("failed" if worse else "held" if not waiting else
+            f"is not judged yet (waiting for {_names(waiting)})")
     each = "; ".join(f"{m} {_iv(e)}" for m, e in ran.items())
-    unmatched = [r.model for _, r in rnd.iterrows() if r.note]
+    unmatched = [r.model for _, r in rnd.iterrows() if r.note and r.model in can]
     return (f"- **Prediction 5** (the random control at VL's next-token KL costs strict format no more than VL) "
             f"{word}: random minus VL of strict instructions, at the first training seed (whose VL change gives the "
             f"random direction), {each} points; beyond the noise below zero in {len(worse)} ({_names(worse)})"
@@ -101,4 +102,4 @@ def controls_lines(rows: pd.DataFrame, rnd: pd.DataFrame | None = None) -> list[
     if not has_control(rows):
         return ["- Predictions 4 and 5 (the text-only and the random control) are not judged: the controls have not "
                 "run yet."]
-    return [line for line in (prediction4(rows), text_only_math(rows), prediction5(rnd)) if line]
+    return [line for line in (prediction4(rows), text_only_math(rows), prediction5(rnd, list(rows.model[rows.precondition]))) if line]
