@@ -301,6 +301,39 @@ def test_panelprep_can_run_a_part_of_the_panel():
         panelprep.job_filter({**p, "random_scales": []}, kinds=["random"])
 
 
+def test_panelprep_can_train_stage_1_alone_for_the_full_job_to_go_on_from(tmp_path, monkeypatch):
+    """`--stage1-only` caches stage 1 of the kept VL and random jobs' pairs under the key the full job reads: the
+    full job then trains stage 2 only (a job longer than a session, split over two machines by its carried record)."""
+    from sinklib.adapt import panelprep, sweep
+
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    lm = tiny_model("llama", seed=0)
+    lm.tokenizer = TOK
+    p = {"models": [lm.name], "seeds": [0, 1], "kinds": ["vl", "text_only"], "image_size": 48, "stage1_steps": 2,
+         "batch_size": 2, "lr_projector": 0.01, "schedule": "constant", "low_memory_models": [lm.name],
+         "show_progress": False, "random_scales": [4.0]}
+    calls, train_vl = [], vl.train_vl
+
+    def spy(*a, **k):
+        calls.append((k["stage1_steps"], k["stage2_steps"]))
+        return train_vl(*a, **k)
+
+    monkeypatch.setattr(vl, "train_vl", spy)
+    dirs = panelprep.run_stage1(p, RECIPE, only=panelprep.job_filter(p, seeds=[1]), load=lambda name: lm,
+                                log=lambda m: None)
+    assert calls == [(2, 0)]                                             # seed 1's stage 1, nothing else
+    pp = fourpanel.panel_params(lm.name, lm.weights_sha256, RECIPE, 1, image_size=48, stage1_steps=2, batch_size=2,
+                                lr_projector=0.01, schedule="constant", lr=3e-4)   # another stage-2 rate: same key
+    assert dirs == [sweep.stage1_dir(pp)] and sk_cache.checkpoint_exists(dirs[0])
+    base = fourpanel.base_source(lm, pp, low_memory=True)
+    monkeypatch.setattr(pairs, "evaluate_condition", lambda *a, **k: {"ok": True})
+    kw = dict(eval_n={"knowledge": 2}, seed=0, prompts=["a"], sink_kwargs={}, vqa_n=3, eval_batch_size=8)
+    assert fourpanel.run_condition(lm, pp, "vl", base, low_memory=True, **kw) == {"ok": True}
+    assert calls == [(2, 0), (0, 2)]                                     # the full job: stage 2 only
+    assert panelprep.run_stage1(p, RECIPE, only=panelprep.job_filter(p, kinds=["random"]), load=lambda name: lm,
+                                log=lambda m: None) != dirs and calls[-1] == (2, 0)   # the random job's seed 0
+
+
 def test_panelprep_says_what_was_wrong_without_a_traceback(monkeypatch, capsys):
     from sinklib.adapt import panelprep
     from sinklib.book import carry

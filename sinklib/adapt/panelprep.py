@@ -1,5 +1,5 @@
 """Fill chapter 11's cache job by job: ``python -m sinklib.adapt.panelprep --profile full [--primary-only |
---all-jobs] [--models ...] [--seeds ...] [--kinds ...]``.
+--all-jobs] [--models ...] [--seeds ...] [--kinds ...] [--stage1-only]``.
 
 The four-model panel takes about 7 hours for its primary test and about 23 for everything on the 2-core machine
 (DEVELOPING.md), longer than a working session. This command runs `fourpanel.run_panel` with the chapter's own
@@ -50,6 +50,36 @@ def job_filter(p: dict, *, seeds: list[int] | None = None, kinds: list[str] | No
     return lambda job: (seeds is None or job[1] in seeds) and (kinds is None or job[2] in kinds)
 
 
+def run_stage1(p: dict, recipe: dict, *, only=None, load=None, log=print) -> list:
+    """Stage 1 (the projector, the LM frozen; `sweep.train_stage1`) of every pair that a kept job trains a VL
+    snapshot for (its 'vl' and 'random' jobs), trained and cached, and nothing else: a job longer than a session
+    (the 1.5B model's VL job, about 3.3 h) is split here, its stage-1 record carried to the next machine
+    (``carry export DIR --folders vl --max-mb 12``). Stage 1 does not depend on the stage-2 rates, so the recipe's
+    rate keys it; a low-memory model trains under gradient checkpointing, as in its full job. -> the folders."""
+    import time
+
+    from sinklib.adapt import fourpanel, sweep
+    from sinklib.core.models import load_model
+
+    load = load or (lambda name: load_model(name, device=p["device"]))
+    todo = [j for j in fourpanel.jobs(p["models"], p["seeds"], p["kinds"], list(p["models"]))
+            if j[2] in ("vl", "random") and (only is None or only(j))]
+    pairs = list(dict.fromkeys((name, seed) for name, seed, _ in todo))
+    lm, out = None, []
+    for name, seed in pairs:
+        if lm is None or lm.name != name:
+            lm = None  # one model in memory at a time
+            lm = load(name)
+        pp = fourpanel.panel_params(lm.name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
+                                    stage1_steps=p["stage1_steps"], batch_size=p["batch_size"],
+                                    lr_projector=p["lr_projector"], schedule=p["schedule"], lr=recipe["lr_lm"])
+        t0 = time.perf_counter()
+        with fourpanel.checkpointing(lm.model, name in p["low_memory_models"]):
+            out.append(sweep.train_stage1(lm, pp, progress=p["show_progress"]))
+        log(f"stage 1: {name} seed {seed} cached ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
 def _check(key: str, want: list, have: list) -> None:
     from sinklib.errors import ParameterError
 
@@ -74,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, help="only the jobs at these of the chapter's training seeds "
                     "(each model's VL job at the first seed, its rate walk, runs first in any case: cached once run)")
     ap.add_argument("--kinds", nargs="+", help="only the jobs of these kinds: vl, text_only, random")
+    ap.add_argument("--stage1-only", action="store_true", help="only stage 1 of the kept VL and random jobs "
+                    "(the projector), cached to be carried (carry export DIR --folders vl --max-mb 12); the rest "
+                    "of those jobs runs from it later, on any machine that imports it")
     ap.add_argument("--lr-rule", choices=fourpanel.LR_RULES, help="another design's rates (for example "
                     "'common-rate', the sensitivity analysis); default: the chapter's lr_rule")
     args = ap.parse_args(argv)
@@ -93,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chapter 11 ({args.profile}, {p['lr_rule']}): models {', '.join(p['models'])}, seeds {p['seeds']}, "
           f"recipe {recipe}",
           flush=True)
+    if args.stage1_only:
+        run_stage1(p, recipe, only=only)
+        return 0
     primary = args.primary_only or (p["primary_only"] and not args.all_jobs)
     fourpanel.run_panel(p, recipe, primary_only=primary, only=only, log=lambda m: print(m, flush=True))
     return 0
