@@ -338,10 +338,10 @@ def run_panel(p: Mapping[str, Any], recipe: Mapping[str, Any], *, primary_only: 
         out["qk_norm"][name] = lm.qk_norm
         t0 = time.perf_counter()
         if rule == "precondition-chosen" and name not in out["walks"]:
-            base = base or base_source(lm, _params_at(lm, p, recipe, seed, recipe["lr_lm"]), low_memory=low)
+            base = base or base_source(lm, params_at(lm, p, recipe, seed, recipe["lr_lm"]), low_memory=low)
             pp = _walk(lm, p, recipe, seed, base, low, kw, out)
         else:
-            pp = _params_at(lm, p, recipe, seed, _chosen(out, name) if rule == "precondition-chosen" else None)
+            pp = params_at(lm, p, recipe, seed, _chosen(out, name) if rule == "precondition-chosen" else None)
             base = base or base_source(lm, pp, low_memory=low)
             if name not in out["base"]:
                 out["base"][name] = run_base(lm, pp, base, low_memory=low, key_rate=recipe["lr_lm"], **kw)
@@ -372,7 +372,9 @@ def _eval_kwargs(lm: Any, p: Mapping[str, Any], prompts: list[str]) -> dict:
                 sink_kwargs=sink_settings(lm.model, p["last_k_layers"], p["max_tokens"]))
 
 
-def _params_at(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, lr: float | None) -> dict:
+def params_at(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, lr: float | None) -> dict:
+    """The pair parameters of `lm` at training seed `seed` under chapter 11's parameters `p` and `recipe`, at the
+    rate `lr` (None: the model's rate under p['lr_rule'])."""
     return panel_params(lm.name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
                         stage1_steps=p["stage1_steps"], batch_size=p["batch_size"], lr_projector=p["lr_projector"],
                         schedule=p["schedule"], lr_rule=p.get("lr_rule", "frozen"), lr=lr)
@@ -394,7 +396,7 @@ def _walk(lm: Any, p: Mapping[str, Any], recipe: Mapping[str, Any], seed: int, b
     name, made = lm.name, {}
 
     def run_at(rate: float) -> tuple[dict, dict]:
-        pp = made[rate] = _params_at(lm, p, recipe, seed, rate)
+        pp = made[rate] = params_at(lm, p, recipe, seed, rate)
         ev = run_condition(lm, pp, "vl", base, low_memory=low, progress=p["show_progress"], **kw)
         return run_base(lm, pp, base, low_memory=low, key_rate=recipe["lr_lm"], **kw), ev
 
@@ -484,6 +486,7 @@ def _params() -> dict:
 CHAPTER11_PARAMS = _params()
 
 
-__all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "LR_RULES", "model_rate", "frozen_recipe", "panel_params", "jobs", "checkpointing",
-           "Streamed", "base_source", "run_condition", "run_base", "primary_test", "primary_verdict", "primary_sentence",
-           "random_control", "random_control_low", "base_dir", "run_panel", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]
+__all__ = ["MODELS", "KINDS", "PRIMARY", "PHRASING", "LR_RULES", "model_rate", "frozen_recipe", "panel_params",
+           "jobs", "checkpointing", "Streamed", "base_source", "run_condition", "run_base", "primary_test",
+           "primary_verdict", "primary_sentence", "random_control", "random_control_low", "base_dir", "run_panel",
+           "params_at", "FROM_CHAPTER10", "recipe_of", "CHAPTER11_PARAMS"]

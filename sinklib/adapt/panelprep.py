@@ -70,9 +70,7 @@ def run_stage1(p: dict, recipe: dict, *, only=None, load=None, log=print) -> lis
         if lm is None or lm.name != name:
             lm = None  # one model in memory at a time
             lm = load(name)
-        pp = fourpanel.panel_params(lm.name, lm.weights_sha256, recipe, seed, image_size=p["image_size"],
-                                    stage1_steps=p["stage1_steps"], batch_size=p["batch_size"],
-                                    lr_projector=p["lr_projector"], schedule=p["schedule"], lr=recipe["lr_lm"])
+        pp = fourpanel.params_at(lm, p, recipe, seed, recipe["lr_lm"])
         t0 = time.perf_counter()
         with fourpanel.checkpointing(lm.model, name in p["low_memory_models"]):
             out.append(sweep.train_stage1(lm, pp, progress=p["show_progress"]))
