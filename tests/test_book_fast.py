@@ -12,7 +12,7 @@ import pytest
 import yaml
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from sinklib.book import compare, record, reproduce, runner, stale
+from sinklib.book import compare, contracts, record, reproduce, runner, stale
 from sinklib.core import progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ class Book:
         monkeypatch.setattr(runner, "PROFILES", root / "data" / "profiles")
         monkeypatch.setattr(runner, "NOTEBOOKS", root / "notebooks")
         monkeypatch.setattr(runner, "REPO", root)
-        monkeypatch.setattr(runner, "READS_RESULTS_OF", {READER: (DEP,)})
+        monkeypatch.setattr(contracts, "READS_RESULTS_OF", {READER: (DEP,)})
         monkeypatch.setattr(runner, "results_dir", lambda create=True: root / "data" / "results")
         for name in (DEP, READER):
             nbformat.write(_source(), root / "notebooks" / f"{name}.ipynb")
@@ -94,6 +94,19 @@ def test_a_copy_run_as_recorded_is_current(tiny_book):
     tiny_book.execute(DEP), tiny_book.execute(READER)
     assert [tiny_book.state(n).state for n in (DEP, READER)] == [stale.CURRENT, stale.CURRENT]
     assert tiny_book.state(DEP).seconds == 12.5 and tiny_book.state(DEP).command == ""
+
+
+def test_a_new_contract_entry_stales_its_reader_and_no_other_chapter(tiny_book, monkeypatch):
+    """The contract lives in a tooling module (`contracts`, in `record.TOOLING`): an entry added for one chapter
+    stales that chapter, whose run did not read the file, and leaves every other chapter current."""
+    monkeypatch.setattr(contracts, "READS_RESULTS_OF", {})
+    tiny_book.execute(DEP), tiny_book.execute(READER)
+    assert [tiny_book.state(n).state for n in (DEP, READER)] == [stale.CURRENT, stale.CURRENT]
+    monkeypatch.setattr(contracts, "READS_RESULTS_OF", {READER: (DEP,)})
+    assert tiny_book.state(DEP).state == stale.CURRENT
+    assert tiny_book.state(READER).state == stale.STALE
+    assert any("which its run did not" in r for r in tiny_book.state(READER).why)
+    assert "book/contracts.py" in record.TOOLING
 
 
 def test_code_change_makes_it_stale_but_set_repo_does_not(tiny_book):

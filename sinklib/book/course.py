@@ -44,14 +44,14 @@ def measure(profile: str = "quick", only: list[str] | None = None) -> dict:
     """Run every notebook (or the chapters `only`, by number or name) twice (cold caches, then warm) in temporary
     folders; seconds per notebook. Chapters timed alone read the committed results of the chapters they read
     (`READS_RESULTS_OF`) that are not timed with them."""
-    from sinklib.book import runner as book
+    from sinklib.book import contracts, runner as book
     from sinklib.core.models import cache_dir
 
     names = book.select(only) if only else book.notebook_names()
     for n in names:
         session_of(n)  # every chapter must be in a session before we spend minutes on it
     committed = book.results_dir()  # a chapter timed alone reads the committed results of the chapters it reads
-    reads = {d for n in names for d in book.READS_RESULTS_OF.get(n, ()) if d not in names}
+    reads = {d for n in names for d in contracts.reads(n) if d not in names}
     saved = {k: os.environ.get(k) for k in ("SINKBOOK_CACHE", "SINKBOOK_RESULTS")}
     runs: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sinkbook-course-") as tmp:

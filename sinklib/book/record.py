@@ -48,7 +48,7 @@ def normalized(params: dict[str, Any]) -> dict[str, Any]:
 
 #: sinklib files that decide what to rerun and drive a reproduction; no chapter's results depend on them, so they
 #: are never a chapter's dependency (paths relative to sinklib/)
-TOOLING = ("book/cli.py", "book/deps.py", "book/record.py", "book/reproduce.py", "book/stale.py")
+TOOLING = ("book/cli.py", "book/contracts.py", "book/deps.py", "book/record.py", "book/reproduce.py", "book/stale.py")
 
 
 def set_sha256(file_hashes: dict[str, str | None]) -> str:

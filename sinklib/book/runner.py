@@ -24,7 +24,8 @@ from typing import Any
 
 from sinklib.errors import ParameterError
 from sinklib.core.resources import checkout_root, data_path, display_path, results_dir  # noqa: F401 (callers use them here)
-from sinklib.book import deps, record
+from sinklib.book import contracts, deps, record
+from sinklib.book.contracts import READS_RESULTS_OF, run_order  # noqa: F401 (the contract, re-exported)
 from sinklib.book.results import device_info, load_results, save_results  # noqa: F401 (results with provenance)
 
 REPO = checkout_root() or Path.cwd()       # the runner and set-repo need a checkout; see _need_checkout
@@ -41,32 +42,6 @@ PROFILE_NAMES = ("quick", "full", "colab")
 def notebook_names() -> list[str]:
     """Stems of the source notebooks, in chapter order."""
     return sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-
-
-#: notebooks that read another notebook's results (data/results/<name>.json) and so run after it when both
-#: are executed together: chapter 5 reads chapter 4's pairs and chapter 7's controlled panel
-#: (`panel_schema.PANEL_KEYS`); chapter 6 reads chapter 4's VQA majority baseline; chapter 8 reads chapter 4's
-#: pairs; chapter 9 re-reads chapter 7's panel
-READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
-    "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel", "11_four_panel"),
-    "06_negative_controls": ("04_vl_adaptation",),
-    "08_causal_tests": ("04_vl_adaptation",),
-    "09_sink_panel": ("07_controlled_panel",),
-    "11_four_panel": ("02_sink_strength", "10_calibration"),
-}
-
-
-def run_order(names: list[str]) -> list[str]:
-    """`names` in chapter order, except that a notebook comes after every notebook of `READS_RESULTS_OF`
-    it reads that is also in `names` (chapter 5 after chapter 7 in a whole-book run)."""
-    todo, done = sorted(names), []
-    while todo:
-        ready = next((n for n in todo if not any(d in todo for d in READS_RESULTS_OF.get(n, ()))), None)
-        if ready is None:
-            raise ParameterError(f"READS_RESULTS_OF has a cycle among {todo}")
-        todo.remove(ready)
-        done.append(ready)
-    return done
 
 
 def load_profile(notebook: str, profile: str) -> dict:
@@ -305,8 +280,8 @@ def code_fingerprint(nb, fold: dict[str, Any] | None = None) -> str:
 
 
 def reads_fingerprint(name: str) -> dict[str, str | None]:
-    """sha256 of each results file `name` reads (`READS_RESULTS_OF`), as it is now."""
-    return {dep: record.file_sha256(results_dir() / f"{dep}.json") for dep in READS_RESULTS_OF.get(name, ())}
+    """sha256 of each results file `name` reads (`contracts.READS_RESULTS_OF`), as it is now."""
+    return {dep: record.file_sha256(results_dir() / f"{dep}.json") for dep in contracts.reads(name)}
 
 
 def sinklib_dependencies(nb, root: Path | None = None) -> dict[str, str | None]:

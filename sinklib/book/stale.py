@@ -1,7 +1,7 @@
 """Which executed copies are current (``python -m sinklib.book status``; ``make book`` re-executes the stale ones).
 
 A chapter is **stale** when its source notebook's code, its profile's parameters or a results file it reads
-(`READS_RESULTS_OF`) differ from what its executed copy ran with. With a run record (`sinklib.book.record`) each
+(`contracts.READS_RESULTS_OF`) differ from what its executed copy ran with. With a run record (`sinklib.book.record`) each
 is a comparison of hashes. For a copy executed before records existed: code and parameters come from the copy
 itself (its code cells against the source's, the parameters papermill recorded against the profile), and a
 results file read counts as changed when git says it changed since the reader's commit (its results file's
@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sinklib.book import deps, record, runner
+from sinklib.book import contracts, deps, record, runner
 
 CURRENT, STALE, SINKLIB, UNKNOWN, MISSING = "current", "stale", "sinklib changed", "unknown", "missing"
 RERUN = {STALE, MISSING}   # the states `make book` re-executes
@@ -178,8 +178,11 @@ def _reads(name: str, rec: dict | None, commit: str | None, root: Path,
            results: Path) -> tuple[list[str], list[str], list[str]]:
     """(reasons the chapter is stale, reasons it cannot be judged, notes) from the results files it reads."""
     stale, unknown, notes = [], [], []
-    for dep in runner.READS_RESULTS_OF.get(name, ()):
+    for dep in contracts.reads(name):
         if rec and "reads" in rec:
+            if dep not in rec["reads"]:  # an entry added to the contract since: its run did not read the file
+                stale.append(f"reads {dep[:2]}'s results now, which its run did not (`contracts.READS_RESULTS_OF`)")
+                continue
             if rec["reads"].get(dep) == record.file_sha256(results / f"{dep}.json"):
                 continue
             same = same_numbers(root, results / f"{dep}.json", rec["reads"].get(dep))
