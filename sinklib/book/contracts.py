@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from sinklib.errors import ParameterError
 
-#: notebooks that read another notebook's results: chapter 5 reads chapter 4's pairs, chapter 7's controlled panel
-#: (`panel_schema.PANEL_KEYS`) and chapter 11's four-model panel; chapter 6 reads chapter 4's VQA majority
-#: baseline; chapter 8 reads chapter 4's pairs; chapter 9 re-reads chapter 7's panel; chapter 11 reads chapter 2's
-#: S and chapter 10's frozen recipe
+#: notebooks that read another notebook's results, each with what it reads (one line per reader, so that a change
+#: to one reader's entry touches one line)
 READS_RESULTS_OF: dict[str, tuple[str, ...]] = {
+    # chapter 4's pairs, chapter 7's controlled panel (`panel_schema.PANEL_KEYS`), chapter 11's four-model panel
     "05_panel_correlations": ("04_vl_adaptation", "07_controlled_panel", "11_four_panel"),
-    "06_negative_controls": ("04_vl_adaptation",),
-    "08_causal_tests": ("04_vl_adaptation",),
-    "09_sink_panel": ("07_controlled_panel",),
-    "11_four_panel": ("02_sink_strength", "10_calibration"),
+    "06_negative_controls": ("04_vl_adaptation",),  # chapter 4's VQA majority baseline
+    "08_causal_tests": ("04_vl_adaptation",),  # chapter 4's pairs
+    "09_sink_panel": ("07_controlled_panel",),  # chapter 7's panel, re-read
+    "11_four_panel": ("02_sink_strength", "10_calibration"),  # chapter 2's S, chapter 10's frozen recipe
 }
 
 
