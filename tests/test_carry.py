@@ -42,7 +42,8 @@ def _rel(c, entries):
 
 
 def test_export_carries_complete_small_entries_only(cache, tmp_path):
-    keep, big, busy = carry.plan_export(cache, max_mb=1)
+    keep, big, busy, old = carry.plan_export(cache, max_mb=1)
+    assert old == []
     assert _rel(cache, keep) == [[f"backcopy/{K[1]}.json", f"backcopy/{K[1]}.pt"], [f"evals/{K[0]}.json"],
                                  [f"tiny/adapt_evals/{K[0]}.json"],
                                  [f"tiny/models/{K[4]}/meta.json", f"tiny/models/{K[4]}/model.safetensors"],
@@ -61,6 +62,29 @@ def test_export_carries_complete_small_entries_only(cache, tmp_path):
     assert carry.export(dest, cache, max_mb=1)["copied files"] == 0                  # nothing new, nothing copied
     _write(cache / "evals" / f"{K[1]}.json", b"{}")
     assert carry.export(dest, cache, max_mb=1)["copied files"] == 1
+
+
+def test_export_since_a_moment_leaves_out_what_was_written_before_it(cache, tmp_path, monkeypatch, capsys):
+    """A job's export after a test run: `--since` the job's start keeps the entries the job wrote (or changed) and
+    leaves out the older ones, counted."""
+    start = time.time() - 600
+    _write(cache / "evals" / f"{K[2]}.json", b'{"job": 1}', age=300)             # written by the job
+    _write(cache / "tiny" / "models" / K[2] / "meta.json", b"{}")                # an old checkpoint, one file new
+    _write(cache / "tiny" / "models" / K[2] / "model.safetensors", b"w", age=120)
+    keep, big, busy, old = carry.plan_export(cache, max_mb=1, since=start)
+    assert _rel(cache, keep) == [[f"evals/{K[2]}.json"],
+                                 [f"tiny/models/{K[2]}/meta.json", f"tiny/models/{K[2]}/model.safetensors"]]
+    assert len(old) == 7 and [f"evals/{K[0]}.json"] in _rel(cache, old)   # the fixture's, but the one just written
+    out = carry.export(tmp_path / "out", cache, max_mb=1, since=start)
+    assert out["copied files"] == 3 and out["left out, older than --since"] == 7
+    assert "left out, older than --since" not in carry.export(tmp_path / "all", cache, max_mb=1)
+    monkeypatch.setenv("SINKBOOK_CACHE", str(cache))
+    moment = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start))
+    assert carry.main(["export", str(tmp_path / "cli"), "--max-mb", "1", "--since", moment]) == 0
+    assert json.loads(capsys.readouterr().out)["copied files"] == 3
+    with pytest.raises(SystemExit):
+        carry.main(["export", str(tmp_path / "bad"), "--since", "yesterday"])
+    assert "not an ISO time" in capsys.readouterr().err
 
 
 def test_import_fills_what_is_missing_and_never_overwrites(cache, tmp_path):

@@ -15,19 +15,19 @@ each immutable entry once, zlib-compressed). ``make reproduce``, ``make book`` a
 (`import_committed`), so a long run split over machines with empty caches resumes from what the last one finished.
 
 An *entry* is what the cache writes as one thing: a folder without subfolders (a checkpoint: weights and its
-meta.json) or the files of one key beside each other (``<key>.json``, ``<key>.pt``). `export` copies every
-complete entry of at most ``--max-mb`` (default 5 MB) from the folders named (default: every folder but the
-models'), with a manifest of sha256 checksums (``carry.json``). An entry still being written is left out: one
-with a ``.tmp`` file, a file changed in the last ``--settle`` seconds, or weights without their JSON record
-(written last). `import` copies into the cache the entries it lacks, after checking every file against the
-manifest; an entry that exists is left alone (a file there with other content is reported, never overwritten).
-The keys are hashes of the parameters, so an imported entry is read only by a run with the same parameters.
-A checkpoint too large to carry goes without its weights: its meta.json, projector and weights.json (the weights'
-SHA-256), so the importing machine knows its training log and stamp and retrains the weights only if a result that
-needs them is not cached (`sinklib.core.cache.defer_weights`; retrained.json then says whether they came out
-bit-identical). The records of LoRA snapshots (``adapters/``, 20-75 MB each: `sinklib.adapt.adapters`) rebuild
-their checkpoints exactly without training; carry them with ``--max-mb 100``.
-"""
+meta.json) or the files of one key beside each other (``<key>.json``, ``<key>.pt``). `export` copies every complete
+entry of at most ``--max-mb`` (default 5 MB) from the folders named (default: every folder but the models'), with a
+manifest of sha256 checksums (``carry.json``). An entry still being written is left out: one with a ``.tmp`` file, a
+file changed in the last ``--settle`` seconds, or weights without their JSON record (written last); ``--since`` (an
+ISO local time, a job's start) leaves out every entry written before it. `import` copies into the cache the entries
+it lacks, after checking every file against the manifest; an entry that exists is left alone (a file there with
+other content is reported, never overwritten). The keys are hashes of the parameters, so an imported entry is read
+only by a run with the same parameters. A checkpoint too large to carry goes without its weights: its meta.json,
+projector and weights.json (the weights' SHA-256), so the importing machine knows its training log and stamp and
+retrains the weights only if a result that needs them is not cached (`sinklib.core.cache.defer_weights`;
+retrained.json then says whether they came out bit-identical). The records of LoRA snapshots (``adapters/``,
+20-75 MB each: `sinklib.adapt.adapters`) rebuild their checkpoints exactly without training; carry them with
+``--max-mb 100``."""
 from __future__ import annotations
 
 import argparse
@@ -81,17 +81,21 @@ def complete(entry: Sequence[Path], now: float, settle: float = DEFAULT_SETTLE_S
 
 
 def plan_export(cache: Path, folders: Sequence[str] | None = None, *, max_mb: float = DEFAULT_MAX_MB,
-                settle: float = DEFAULT_SETTLE_S) -> tuple[list[list[Path]], list[list[Path]], list[list[Path]]]:
-    """(entries to carry, entries too large, entries still being written) under `cache`'s `folders`."""
+                settle: float = DEFAULT_SETTLE_S, since: float | None = None) -> tuple[list[list[Path]], ...]:
+    """(entries to carry, entries too large, entries still being written, entries older than `since`) under
+    `cache`'s `folders`; `since` (seconds since the epoch, None: no limit) leaves out an entry none of whose files
+    changed at or after it: what runs before a job (a test run's quick-profile entries) stays out of its export."""
     present = sorted(p.name for p in cache.iterdir() if p.is_dir())
     names = list(folders) if folders else [n for n in present if n not in SKIP_FOLDERS]
     missing = [n for n in names if n not in present]
     if missing:
         raise ParameterError(f"carry: the cache {cache} has no folder {missing}; it has {present}")
-    now, keep, big, busy = time.time(), [], [], []
+    now, keep, big, busy, old = time.time(), [], [], [], []
     for n in names:
         for e in entries(cache / n):
-            if not complete(e, now, settle):
+            if since is not None and max(p.stat().st_mtime for p in e) < since:
+                old.append(e)
+            elif not complete(e, now, settle):
                 busy.append(e)
             elif sum(p.stat().st_size for p in e) <= max_mb * 2**20:
                 keep.append(e)
@@ -99,7 +103,7 @@ def plan_export(cache: Path, folders: Sequence[str] | None = None, *, max_mb: fl
                 keep.append(stub)
             else:
                 big.append(e)
-    return keep, big, busy
+    return keep, big, busy, old
 
 
 def _is_weightless(entry: Sequence[Path]) -> bool:
@@ -121,9 +125,10 @@ def weightless(entry: Sequence[Path]) -> list[Path] | None:
 
 
 def export(dest: Path, cache: Path, folders: Sequence[str] | None = None, *, max_mb: float = DEFAULT_MAX_MB,
-           settle: float = DEFAULT_SETTLE_S) -> dict:
-    """Copy the carried entries into `dest` (adding to what is there) and write its manifest; returns counts."""
-    keep, big, busy = plan_export(cache, folders, max_mb=max_mb, settle=settle)
+           settle: float = DEFAULT_SETTLE_S, since: float | None = None) -> dict:
+    """Copy the carried entries (`plan_export`) into `dest` (adding to what is there) and write its manifest;
+    returns counts."""
+    keep, big, busy, before = plan_export(cache, folders, max_mb=max_mb, settle=settle, since=since)
     stubs = sum(1 for e in keep if _is_weightless(e))
     dest.mkdir(parents=True, exist_ok=True)
     old = json.loads((dest / MANIFEST).read_text())["files"] if (dest / MANIFEST).exists() else {}
@@ -139,7 +144,8 @@ def export(dest: Path, cache: Path, folders: Sequence[str] | None = None, *, max
     (dest / MANIFEST).write_text(json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n")
     return {"entries": len(keep), "of which checkpoints without their weights": stubs, "copied files": copied,
             "files in the manifest": len(files),
-            "left out, too large": len(big), "left out, incomplete": len(busy)}
+            "left out, too large": len(big), "left out, incomplete": len(busy),
+            **({"left out, older than --since": len(before)} if since is not None else {})}
 
 
 def import_(src: Path, cache: Path) -> dict:
@@ -211,6 +217,16 @@ def _source(src: Path | None) -> Path:
     return src or committed_folder()
 
 
+def _moment(text: str) -> float:
+    """`--since`'s value: an ISO local time (a date alone is its midnight) as seconds since the epoch."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO time; write for example 2026-12-07T13:43") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from sinklib.core.models import cache_dir
 
@@ -221,11 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--folders", nargs="*", help=f"cache folders (default: all but {', '.join(SKIP_FOLDERS)})")
     ex.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB, help="largest entry carried, in MB")
     ex.add_argument("--settle", type=float, default=DEFAULT_SETTLE_S, help="skip files changed in the last seconds")
+    ex.add_argument("--since", type=_moment, help="only entries changed at or after this local time (ISO, for "
+                    "example 2026-12-07T13:43: a job's start), so entries written before it (a test run's) stay out")
     im = sub.add_parser("import", help="copy a folder's entries into the cache where it lacks them")
     im.add_argument("src", type=Path, nargs="?", help=f"default: the checkout's committed {COMMITTED}/")
     a = ap.parse_args(argv)
     try:
-        out = (export(a.dest, cache_dir(), a.folders, max_mb=a.max_mb, settle=a.settle) if a.cmd == "export"
+        out = (export(a.dest, cache_dir(), a.folders, max_mb=a.max_mb, settle=a.settle, since=a.since)
+               if a.cmd == "export"
                else import_(_source(a.src), cache_dir()))
     except ParameterError as e:
         print(f"error: {e}", file=sys.stderr)
