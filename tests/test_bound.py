@@ -535,3 +535,40 @@ def test_chapter3_readings_of_the_real_models():
     assert "is more sensitive than every model without it" in real_note(summary, sens, {"a": "none", "g": "per_head"})
     summary["a"]["violations"] = 3
     assert real_note(summary, sens, {"a": "none", "g": "per_head"}).startswith("3 gap values break their bound")
+
+
+def test_measure_loaded_caches_the_rows_and_leaves_the_generator_where_a_computation_would(tmp_path, monkeypatch):
+    """Chapter 3's real-model cell reads each model's rows from the cache; the shared generator must continue
+    exactly as in an uncached run (the next model's directions), and new draws or new code recompute."""
+    from types import SimpleNamespace
+    from sinklib.bound import real as real_mod
+    from sinklib.core.models import tiny_model
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    m = tiny_model("qwen3", seed=1).model
+    lm = SimpleNamespace(model=m, weights_sha256="ab" * 32, device="cpu", dtype="torch.float32")
+    ids = [list(range(3, 12)), list(range(20, 32))]
+    args = (ids, "tiny", 2, [1e-2], 1)
+    g_plain, g_first, g_again = (torch.Generator().manual_seed(0) for _ in range(3))
+    plain = measure_real_model(m, *args, g_plain, [1.0, 10.0], 1e-2)
+    first = real_mod.measure_loaded(lm, *args, g_first, [1.0, 10.0], 1e-2)
+    assert torch.equal(g_first.get_state(), g_plain.get_state())
+    assert first["summary"] == real_models_summary(pd.DataFrame(plain["sensitivity"]), ["tiny"])["tiny"]
+    assert first["sensitivity"] == [{k: v for k, v in r.items() if k != "ratios"} for r in plain["sensitivity"]]
+    assert (first["norms"], first["sweep"], first["norm"]) == (plain["norms"], plain["sweep"], plain["norm"])
+
+    def refuse(*a, **k):
+        raise AssertionError("measured again what the cache holds")
+
+    monkeypatch.setattr(real_mod, "measure_real_model", refuse)
+    again = real_mod.measure_loaded(lm, *args, g_again, [1.0, 10.0], 1e-2)
+    assert again == first and torch.equal(g_again.get_state(), g_plain.get_state())
+    with pytest.raises(AssertionError, match="measured again"):       # the generator moved on: other draws
+        real_mod.measure_loaded(lm, *args, g_again, [1.0, 10.0], 1e-2)
+    monkeypatch.setattr(real_mod, "MEASURE_CODE", real_mod.MEASURE_CODE[:1])   # other code: recomputed
+    with pytest.raises(AssertionError, match="measured again"):
+        real_mod.measure_loaded(lm, *args, torch.Generator().manual_seed(0), [1.0, 10.0], 1e-2)
+    monkeypatch.undo()
+    monkeypatch.setenv("SINKBOOK_CACHE", str(tmp_path))
+    hub = SimpleNamespace(model=m, weights_sha256=None, device="cpu", dtype="torch.float32")   # never cached
+    assert real_mod.measure_loaded(hub, *args, torch.Generator().manual_seed(0), [1.0, 10.0], 1e-2) == first
+    assert len(list((tmp_path / "bound").iterdir())) == 1

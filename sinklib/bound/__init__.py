@@ -10,6 +10,7 @@ from sinklib.bound.instances import (DIRECTION_KINDS, Instance, check_instance, 
     random_instance, weak_head_flips)
 from sinklib.bound.adversary import adversary_note, adversary_search, random_draws, worst_direction
 from sinklib.bound.figures import scale_sweep_figure
-from sinklib.bound.real import (LayerQK, capture_qk_inputs, head_norms, layer_sensitivity, measure_real_model,
-    real_models_summary, real_scale_sweep, remark1_heads, remark1_summary, remark1_table, sink_norm_ratios)
+from sinklib.bound.real import (LayerQK, capture_qk_inputs, head_norms, layer_sensitivity, measure_loaded,
+    measure_real_model, real_models_summary, real_scale_sweep, remark1_heads, remark1_summary, remark1_table,
+    sink_norm_ratios)
 from sinklib.bound.readings import norms_note, real_note, sweep_note

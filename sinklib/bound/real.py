@@ -6,6 +6,7 @@ all of it for one model (`measure_real_model`), summarised per model (`real_mode
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -236,6 +237,43 @@ def measure_real_model(model: Any, prompt_ids: list[list[int]], name: str, layer
             source = f"{name} layer {L.layer} ({labels.get(L.spec.norm, L.spec.norm)})"
             out["sweep"] += real_scale_sweep(L, dq, dk, scales, source)
     return out
+
+
+#: the modules whose code makes `measure_real_model`'s numbers: a change to any of them recomputes its cached rows
+MEASURE_CODE = ("bound/real.py", "bound/theorem.py", "bound/instances.py", "core/anatomy.py")
+
+
+def measure_loaded(lm: Any, prompt_ids: list[list[int]], name: str, layer_stride: int, rel_changes: list[float],
+                   n_directions: int, generator: torch.Generator, scales, sweep_rel: float,
+                   labels: dict[str, str] | None = None, tol: float = 1e-9) -> dict:
+    """`measure_real_model` of a loaded model (`sinklib.load_model`) with its `real_models_summary` (at `tol`)
+    under "summary" and its sensitivity rows without their `ratios` arrays (millions of gap values; the summary
+    keeps what the book reads of them), cached under `<cache>/bound/` by everything that makes those numbers: the
+    weights' SHA-256, device and dtype, the prompts, the parameters, the generator's state on entry and the code of
+    `MEASURE_CODE`. A cached read leaves `generator` where the computation left it, so the next model's draws (and
+    every number after) are those of an uncached run. A model without a weights checksum (a Hub model) is measured
+    each time."""
+    def run() -> dict:
+        out = measure_real_model(lm.model, prompt_ids, name, layer_stride, rel_changes, n_directions, generator,
+                                 scales, sweep_rel, labels)
+        out["summary"] = real_models_summary(pd.DataFrame(out["sensitivity"]), [name], tol)[name]
+        out["sensitivity"] = [{k: v for k, v in row.items() if k != "ratios"} for row in out["sensitivity"]]
+        return {"measured": out, "generator_after": generator.get_state().numpy().tobytes().hex()}
+
+    if not getattr(lm, "weights_sha256", None):
+        return run()["measured"]
+    from sinklib.core.cache import cached_json
+    from sinklib.core.resources import PACKAGE
+
+    code = hashlib.sha256(b"".join((PACKAGE / f).read_bytes() for f in MEASURE_CODE)).hexdigest()[:16]
+    key = {"what": "real bound", "weights": lm.weights_sha256, "device": str(lm.device), "dtype": str(lm.dtype),
+           "name": name, "prompts": [list(map(int, ids)) for ids in prompt_ids], "layer_stride": layer_stride,
+           "rel_changes": list(rel_changes), "n_directions": n_directions, "scales": [float(x) for x in scales],
+           "sweep_rel": sweep_rel, "labels": labels or {}, "tol": tol, "code": code,
+           "generator": hashlib.sha256(generator.get_state().numpy().tobytes()).hexdigest()[:16]}
+    value = cached_json(key, run, folder="bound")
+    generator.set_state(torch.tensor(list(bytes.fromhex(value["generator_after"])), dtype=torch.uint8))
+    return value["measured"]
 
 
 def real_models_summary(real: pd.DataFrame, models: list[str], tol: float = 1e-9) -> dict:
