@@ -61,3 +61,32 @@ def test_no_figure_with_overlapping_text(path):
         for o in c.get("outputs", []):
             text = "".join(o.get("text", "")) if o.get("output_type") == "stream" else ""
             assert OVERLAP_MARK not in text, f"{path.name} cell {i} warns of overlapping figure text: {text[:300]}"
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=[p.stem for p in EXECUTED])
+def test_no_machine_paths_in_metadata(path):
+    """The copy's metadata (papermill's paths, the run record) names no machine's folders (session 63's review)."""
+    import json
+
+    meta = json.dumps(nbformat.read(path, as_version=4).metadata)
+    m = MACHINE_PATH.search(meta)
+    assert not m, f"{path.name}'s metadata holds a machine path: ...{meta[max(0, m.start() - 80):m.end() + 80]}..."
+
+
+def test_record_write_makes_papermill_paths_relative(tmp_path):
+    from nbformat.v4 import new_notebook
+
+    from sinklib.book import record
+
+    root = tmp_path / "checkout"
+    (root / "book" / "chapters").mkdir(parents=True)
+    nb = new_notebook()
+    nb.metadata["papermill"] = {"input_path": str(root / "notebooks" / "01_x.ipynb"),
+                                "output_path": str(tmp_path / "elsewhere" / "01_x.ipynb"), "parameters": {"a": 1}}
+    path = root / "book" / "chapters" / "01_x.ipynb"
+    nbformat.write(nb, path)
+    record.write(path, {"version": record.VERSION}, root=root)
+    meta = nbformat.read(path, as_version=4).metadata
+    assert meta["papermill"] == {"input_path": "notebooks/01_x.ipynb", "output_path": "01_x.ipynb",
+                                 "parameters": {"a": 1}}
+    assert meta[record.KEY] == {"version": record.VERSION}

@@ -9,7 +9,8 @@ when the tree had uncommitted changes), ``seconds`` and ``utc``. Version 1 recor
 dependencies) held ``sinklib_sha256``, a hash of all of sinklib's source, instead; `sinklib.book.stale` judges
 those by git, from their commit.
 
-This module only hashes and stores; deciding what is stale is `sinklib.book.stale`."""
+This module only hashes and stores (and strips the machine from papermill's paths); deciding what is stale is
+`sinklib.book.stale`."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -72,10 +73,30 @@ def read(nb) -> dict | None:
     return dict(rec) if rec else None
 
 
-def write(path: str | Path, record: dict) -> None:
-    """Store `record` in the metadata of the executed copy at `path`."""
+def relative_papermill_paths(nb, root: str | Path | None = None) -> None:
+    """Make papermill's ``input_path`` and ``output_path`` in a notebook's metadata relative to `root` (the
+    checkout; `checkout_root` when None), so that no executed copy keeps the paths of the machine it ran on; a path
+    outside `root` keeps only its file name."""
+    from sinklib.core.resources import checkout_root
+
+    root = Path(root) if root is not None else checkout_root()
+    meta = nb.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):
+        if not meta.get(key):
+            continue
+        p = Path(meta[key])
+        try:
+            meta[key] = p.resolve().relative_to(Path(root).resolve()).as_posix() if root is not None else p.name
+        except ValueError:
+            meta[key] = p.name
+
+
+def write(path: str | Path, record: dict, root: str | Path | None = None) -> None:
+    """Store `record` in the metadata of the executed copy at `path`, with papermill's paths made relative to the
+    checkout `root` (`relative_papermill_paths`)."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     nb.metadata[KEY] = record
+    relative_papermill_paths(nb, root)
     nbformat.write(nb, path)
