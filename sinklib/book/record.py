@@ -82,13 +82,10 @@ def relative_papermill_paths(nb, root: str | Path | None = None) -> None:
     root = Path(root) if root is not None else checkout_root()
     meta = nb.metadata.get("papermill", {})
     for key in ("input_path", "output_path"):
-        if not meta.get(key):
-            continue
-        p = Path(meta[key])
-        try:
-            meta[key] = p.resolve().relative_to(Path(root).resolve()).as_posix() if root is not None else p.name
-        except ValueError:
-            meta[key] = p.name
+        if meta.get(key):
+            p = Path(meta[key]).resolve()
+            inside = root is not None and p.is_relative_to(root.resolve())
+            meta[key] = p.relative_to(root.resolve()).as_posix() if inside else p.name
 
 
 def write(path: str | Path, record: dict, root: str | Path | None = None) -> None:
